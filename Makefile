@@ -1,0 +1,33 @@
+# Two commands for a new user:  `make demo`  (the main job)  and  `make test`  (the test suite).
+# Both create the virtualenv in .venv and install what is missing by themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch is pinned here only: 2.13.0 is the CPU wheel the set-up path installs; the package
+# itself accepts any torch>=2.2.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev,h5]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/bigembed demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+
+bench: $(STAMP)
+	$(PY) bench/import_bench.py
+
+clean:
+	rm -rf $(VENV) demo_out
