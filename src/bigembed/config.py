@@ -1,0 +1,569 @@
+"""The typed training configuration: PyTorch-BigGraph's schema, validated early.
+
+Every key of PBG's ``ConfigSchema`` exists here with PBG's name, type, default and meaning, so
+a PBG config loads unchanged (YAML, TOML, JSON, or PBG's own Python format). Differences, all
+in the direction of failing early with a clear message instead of crashing mid-run:
+
+* operators are validated at load time (PBG waits for model build);
+* checks PBG only makes at runtime (same-side partition counts, ``global_emb`` with dynamic
+  relations, even dimensions for ``complex_diagonal``, N3 with ``linear``/``affine``) run here;
+* ``featurized`` entities are rejected (not supported by bigembed yet).
+
+bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout`` (see their
+descriptions). Value parsing lives in :mod:`bigembed.config_types`; file reading, ``-p``
+overrides, error formatting and help text in :mod:`bigembed.config_loading`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from bigembed.config_loading import (
+    apply_overrides,
+    describe_keys,
+    format_table,
+    format_validation_error,
+    normalize_keys,
+    read_config_file,
+    snake_case_keys,
+)
+from bigembed.config_types import (
+    Bool,
+    BucketOrder,
+    Comparator,
+    Dtype,
+    Float,
+    Int,
+    Loss,
+    Operator,
+    Regularizer,
+)
+from bigembed.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ConfigSchema",
+    "EntitySchema",
+    "RelationSchema",
+    "add_config_arguments",
+    "config_from_args",
+    "config_keys",
+    "config_to_dict",
+    "config_warnings",
+    "format_config_keys",
+    "load_config",
+    "parse_config_dict",
+]
+
+_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+def _mixed_case_to_snake(data: Any) -> Any:
+    """PBG accepts ``mixedCase`` keys (``numEpochs``) and converts them to ``snake_case``."""
+    if isinstance(data, dict):
+        return snake_case_keys(data)
+    return data
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+class EntitySchema(BaseModel):
+    """One entity type (a value of ``entities``)."""
+
+    model_config = _MODEL_CONFIG
+
+    num_partitions: Int = Field(
+        gt=0,
+        description="Number of partitions this entity type is split into; 1 = unpartitioned. "
+        "All partitioned types used on the same side of relations must share one count.",
+    )
+    featurized: Bool = Field(
+        default=False,
+        description="PBG: each entity is a bag of features (embedding = mean of feature "
+        "embeddings). Not supported by bigembed yet: must be false.",
+    )
+    dimension: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Embedding dimension of this type; null = the global `dimension`.",
+    )
+
+    _norm = model_validator(mode="before")(_mixed_case_to_snake)
+
+    @field_validator("featurized")
+    @classmethod
+    def _no_featurized(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError(
+                "unsupported", "featurized entities are not supported by bigembed yet"
+            )
+        return value
+
+
+class RelationSchema(BaseModel):
+    """One relation type (an item of ``relations``; its id is its index in the list)."""
+
+    model_config = _MODEL_CONFIG
+
+    name: str = Field(
+        min_length=1,
+        description="Name of the relation type; in non-dynamic mode it must equal the relation "
+        "string of the edges in the input files.",
+    )
+    lhs: str = Field(min_length=1, description="Entity type of the left-hand side.")
+    rhs: str = Field(min_length=1, description="Entity type of the right-hand side.")
+    weight: Float = Field(default=1.0, gt=0, description="Multiplier of this relation's loss.")
+    operator: Operator = Field(
+        default="none",
+        description="Transformation applied to the right-hand side embedding before comparing: "
+        "none, translation, diagonal, linear, affine or complex_diagonal.",
+    )
+    all_negs: Bool = Field(
+        default=False,
+        description="Use every entity of the same type and partition as negatives (both sides) "
+        "instead of batch/uniform sampling.",
+    )
+
+    _norm = model_validator(mode="before")(_mixed_case_to_snake)
+
+
+class ConfigSchema(BaseModel):
+    """The whole training configuration (PBG's ``ConfigSchema`` plus a few bigembed keys)."""
+
+    model_config = _MODEL_CONFIG
+
+    # ---- model
+    entities: dict[str, EntitySchema] = Field(
+        min_length=1, description="Entity types, by name (at least one)."
+    )
+    relations: list[RelationSchema] = Field(
+        min_length=1, description="Relation types (at least one); a relation's id is its index."
+    )
+    dimension: Int = Field(
+        gt=0, description="Embedding dimension (per-type override: entities.TYPE.dimension)."
+    )
+    init_scale: Float = Field(
+        default=1e-3, gt=0, description="Std-dev of the normal random initialization of embeddings."
+    )
+    max_norm: Float | None = Field(
+        default=None, gt=0, description="Renormalize embedding rows whose norm exceeds this."
+    )
+    global_emb: Bool = Field(
+        default=True,
+        description="Add a learned per-entity-type vector to every embedding "
+        "(must be false with dynamic_relations).",
+    )
+    comparator: Comparator = Field(
+        default="cos",
+        description="How lhs and transformed rhs are scored: dot, cos, l2 or squared_l2.",
+    )
+    bias: Bool = Field(
+        default=False,
+        description="Use the first embedding coordinate as an additive bias instead of "
+        "comparing it.",
+    )
+    loss_fn: Loss = Field(
+        default="ranking", description="Loss: ranking (margin), logistic or softmax."
+    )
+    margin: Float = Field(default=0.1, description="Margin of the ranking loss.")
+    regularization_coef: Float = Field(
+        default=0.0, ge=0, description="Weight of the N3 regularizer (0 = off)."
+    )
+    regularizer: Regularizer = Field(default="N3", description="Regularizer (only N3 exists).")
+
+    # ---- data / IO
+    entity_path: str = Field(
+        min_length=1,
+        description="Directory with the entity counts and names written by the importer.",
+    )
+    edge_paths: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1,
+        description="Directories with bucketed edges; each epoch trains them in order.",
+    )
+    checkpoint_path: str = Field(
+        min_length=1,
+        description="Directory for checkpoints; an existing checkpoint there is resumed.",
+    )
+    init_path: str | None = Field(
+        default=None,
+        description="Checkpoint-format directory with initial embeddings/model, used when "
+        "checkpoint_path has none.",
+    )
+    checkpoint_preservation_interval: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Every this many epochs keep a snapshot of the checkpoint (epoch_N/).",
+    )
+
+    # ---- training
+    num_epochs: Int = Field(default=1, ge=0, description="Passes over all edge paths.")
+    num_edge_chunks: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Split each bucket into this many chunks; null = computed from "
+        "max_edges_per_chunk.",
+    )
+    max_edges_per_chunk: Int = Field(
+        default=1_000_000_000,
+        gt=0,
+        description="Upper bound on edges per chunk, used to compute num_edge_chunks.",
+    )
+    bucket_order: BucketOrder = Field(
+        default="inside_out",
+        description="Order of buckets within a pass: random, affinity, inside_out or outside_in "
+        "(single machine).",
+    )
+    workers: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Hogwild worker processes; null = number of CPUs.",
+    )
+    batch_size: Int = Field(default=1000, gt=0, description="Edges per training batch.")
+    num_batch_negs: Int = Field(
+        default=50,
+        ge=0,
+        description="Negatives taken from the other edges of the batch (chunk size).",
+    )
+    num_uniform_negs: Int = Field(
+        default=50, ge=0, description="Negatives sampled uniformly from the partition per chunk."
+    )
+    disable_lhs_negs: Bool = Field(default=False, description="Do not corrupt the lhs side.")
+    disable_rhs_negs: Bool = Field(default=False, description="Do not corrupt the rhs side.")
+    lr: Float = Field(
+        default=0.01,
+        ge=0,
+        description="Adagrad learning rate of embeddings (and relations if relation_lr is null).",
+    )
+    relation_lr: Float | None = Field(
+        default=None,
+        ge=0,
+        description="Adagrad learning rate of relation parameters; null = lr.",
+    )
+
+    # ---- eval during training
+    eval_fraction: Float = Field(
+        default=0.05,
+        ge=0,
+        lt=1,
+        description="Fraction of each bucket chunk held out to evaluate before/after training it.",
+    )
+    eval_num_batch_negs: Int | None = Field(
+        default=1000, ge=0, description="num_batch_negs used by that evaluation (null = same)."
+    )
+    eval_num_uniform_negs: Int | None = Field(
+        default=1000, ge=0, description="num_uniform_negs used by that evaluation (null = same)."
+    )
+
+    # ---- misc / expert
+    background_io: Bool = Field(default=False, description="Deprecated, has no effect.")
+    verbose: Int = Field(default=0, ge=0, le=1, description="0 = INFO logging, 1 = DEBUG.")
+    hogwild_delay: Float = Field(
+        default=2.0,
+        ge=0,
+        description="Seconds by which all but the first Hogwild worker are delayed in the "
+        "first epoch.",
+    )
+    dynamic_relations: Bool = Field(
+        default=False,
+        description="One template relation; the number of relation types comes from the data "
+        "and batches mix them.",
+    )
+
+    # ---- distributed
+    num_machines: Int = Field(default=1, gt=0, description="Number of trainer machines.")
+    num_partition_servers: Int = Field(
+        default=-1,
+        ge=-1,
+        description="-1: each trainer runs one; 0: swap partitions via the checkpoint "
+        "directory; N > 0: N external partition servers.",
+    )
+    distributed_init_method: str | None = Field(
+        default=None,
+        description="torch.distributed init URI (tcp://HOST:PORT, file://PATH, env://); "
+        "required when num_machines > 1.",
+    )
+    distributed_tree_init_order: Bool = Field(
+        default=True,
+        description="First pass: only hand out buckets touching partitions already initialized.",
+    )
+    num_groups_for_partition_server: Int = Field(
+        default=16,
+        ge=1,
+        description="Process groups used to stripe partition transfers.",
+    )
+    num_groups_per_sharded_partition_server: Int = Field(
+        default=1,
+        ge=1,
+        description="Data groups per partition server in sharded mode (servers > machines).",
+    )
+    partition_shard_size: Int = Field(
+        default=250, gt=0, description="Shard size in MiB in sharded partition-server mode."
+    )
+
+    # ---- GPU
+    num_gpus: Int = Field(
+        default=0, ge=0, description="GPUs to train on (accepted; GPU training lands later)."
+    )
+    half_precision: Bool = Field(
+        default=False,
+        description="fp16 comparator matmuls on GPU (accepted; GPU training lands later).",
+    )
+
+    # ---- bigembed-only
+    seed: Int = Field(
+        default=0,
+        ge=0,
+        description="bigembed only: seed of partition assignment, bucket orders and shuffles.",
+    )
+    compute_dtype: Dtype = Field(
+        default="float32",
+        description="bigembed only: float32, or bfloat16 compute (master weights and Adagrad "
+        "state stay float32).",
+    )
+    uniform_negs_group: Int | None = Field(
+        default=None,
+        gt=0,
+        description="bigembed only: positives that share one draw of uniform negatives. None = "
+        "the whole batch (one large matrix product per side, near the matmul peak); set it to "
+        "num_batch_negs for PBG's per-chunk draws.",
+    )
+    distributed_timeout: Float = Field(
+        default=60.0,
+        gt=0,
+        description="bigembed only: seconds before a silent distributed peer is declared dead.",
+    )
+
+    _norm = model_validator(mode="before")(_mixed_case_to_snake)
+
+    @field_validator("entities")
+    @classmethod
+    def _entity_names(cls, value: dict[str, EntitySchema]) -> dict[str, EntitySchema]:
+        for name in value:
+            if not name or name != name.strip() or re.search(r"[/\\\x00]", name):
+                raise PydanticCustomError(
+                    "entity_name",
+                    "{msg}",
+                    {
+                        "msg": f"entity type name {name!r} must be non-empty, without surrounding "
+                        "spaces, '/' or '\\'"
+                    },
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ConfigSchema:
+        problems = _cross_field_problems(self)
+        if problems:
+            # One error carrying every problem, each line already "path: message".
+            raise PydanticCustomError("cross_field", "{lines}", {"lines": "\n".join(problems)})
+        return self
+
+    # ---- convenience
+    def entity_dimension(self, entity_type: str) -> int:
+        """Embedding dimension of ``entity_type``: its own override, else the global one."""
+        own = self.entities[entity_type].dimension
+        return own if own is not None else self.dimension
+
+    def resolved_workers(self) -> int:
+        """Number of Hogwild workers: ``workers``, or the CPU count when it is null."""
+        return self.workers if self.workers is not None else (os.cpu_count() or 1)
+
+    def resolved_relation_lr(self) -> float:
+        """Learning rate of relation parameters: ``relation_lr``, or ``lr`` when it is null."""
+        return self.relation_lr if self.relation_lr is not None else self.lr
+
+
+# --------------------------------------------------------------------------- cross-field checks
+
+
+def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
+    """Every cross-field inconsistency, as ``key.path: message`` lines."""
+    problems: list[str] = []
+    known = ", ".join(sorted(cfg.entities))
+    for i, rel in enumerate(cfg.relations):
+        for side in ("lhs", "rhs"):
+            etype = getattr(rel, side)
+            if etype not in cfg.entities:
+                problems.append(
+                    f"relations[{i}].{side}: unknown entity type {etype!r} (known: {known})"
+                )
+    if problems:
+        return problems  # the checks below need valid entity references
+
+    if cfg.dynamic_relations and len(cfg.relations) != 1:
+        problems.append(
+            f"relations: dynamic_relations: true needs exactly one relation (the template for "
+            f"all relation types), got {len(cfg.relations)}"
+        )
+    if cfg.dynamic_relations and cfg.global_emb:
+        problems.append(
+            "global_emb: global embeddings are not supported with dynamic_relations: true; "
+            "set global_emb: false"
+        )
+    if cfg.disable_lhs_negs and cfg.disable_rhs_negs:
+        problems.append(
+            "disable_rhs_negs: cannot be true together with disable_lhs_negs: true "
+            "(no negatives would be left)"
+        )
+    if cfg.num_machines > 1 and not cfg.distributed_init_method:
+        problems.append(
+            "distributed_init_method: required when num_machines > 1 "
+            "(e.g. tcp://HOST:PORT or file:///shared/path)"
+        )
+
+    if not cfg.dynamic_relations:
+        seen: dict[str, int] = {}
+        for i, rel in enumerate(cfg.relations):
+            if rel.name in seen:
+                problems.append(
+                    f"relations[{i}].name: duplicate relation name {rel.name!r} "
+                    f"(also relations[{seen[rel.name]}])"
+                )
+            seen.setdefault(rel.name, i)
+
+    def dim_source(etype: str) -> str:
+        own = cfg.entities[etype].dimension
+        return f"entities.{etype}.dimension" if own is not None else "dimension"
+
+    for i, rel in enumerate(cfg.relations):
+        ldim, rdim = cfg.entity_dimension(rel.lhs), cfg.entity_dimension(rel.rhs)
+        if ldim != rdim:
+            problems.append(
+                f"relations[{i}]: lhs type {rel.lhs!r} has dimension {ldim} ({dim_source(rel.lhs)})"
+                f" but rhs type {rel.rhs!r} has dimension {rdim} ({dim_source(rel.rhs)}); "
+                f"they must be equal"
+            )
+        if rel.operator == "complex_diagonal":
+            for etype in dict.fromkeys((rel.lhs, rel.rhs)):
+                dim = cfg.entity_dimension(etype)
+                if dim % 2:
+                    problems.append(
+                        f"relations[{i}].operator: complex_diagonal needs an even dimension, "
+                        f"but entity type {etype!r} has {dim} ({dim_source(etype)})"
+                    )
+        if cfg.regularization_coef > 0 and rel.operator in ("linear", "affine"):
+            problems.append(
+                f"regularization_coef: the N3 regularizer does not support operator "
+                f"{rel.operator!r} (relations[{i}].operator); set regularization_coef: 0 or use "
+                f"none, translation, diagonal or complex_diagonal"
+            )
+
+    for side in ("lhs", "rhs"):
+        first: tuple[str, int, int] | None = None  # (type, partitions, relation index)
+        for i, rel in enumerate(cfg.relations):
+            etype = getattr(rel, side)
+            parts = cfg.entities[etype].num_partitions
+            if parts == 1:
+                continue
+            if first is None:
+                first = (etype, parts, i)
+            elif parts != first[1]:
+                problems.append(
+                    f"relations[{i}].{side}: entity type {etype!r} has {parts} partitions but "
+                    f"{first[0]!r} (relations[{first[2]}].{side}) has {first[1]}; all partitioned "
+                    f"entity types on the same side must share one num_partitions"
+                )
+                break
+    return problems
+
+
+def config_warnings(cfg: ConfigSchema) -> list[str]:
+    """Settings that are accepted but deserve a warning, as ``key: message`` lines."""
+    out: list[str] = []
+    if cfg.num_gpus > 0:
+        out.append("num_gpus: GPU training lands in a later bigembed version; training runs on CPU")
+    if cfg.half_precision:
+        out.append("half_precision: GPU training lands in a later bigembed version; ignored")
+    if cfg.background_io:
+        out.append("background_io: deprecated and has no effect")
+    if cfg.loss_fn == "logistic" and cfg.comparator == "cos":
+        out.append(
+            "loss_fn: the logistic loss with the cos comparator learns poorly (scores are "
+            "bounded to [-1, 1]); consider comparator: dot"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- parsing / loading
+
+
+def parse_config_dict(data: dict[str, Any], source: str = "<config>") -> ConfigSchema:
+    """Validate a raw config dict (as read from a file); errors name ``source`` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the config must be a mapping of keys to values, got {type(data).__name__}"
+        )
+    data = normalize_keys(data, source)
+    try:
+        cfg = ConfigSchema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source, ConfigSchema)) from None
+    for line in config_warnings(cfg):
+        logger.warning("%s: %s", source, line)
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> ConfigSchema:
+    """Read a config file (.yaml/.yml/.toml/.json/.py), apply ``-p`` overrides, validate it."""
+    source = os.fspath(path)
+    data = read_config_file(Path(source))
+    data = normalize_keys(data, source)
+    data = apply_overrides(data, overrides, ConfigSchema, source)
+    return parse_config_dict(data, source)
+
+
+def config_to_dict(cfg: ConfigSchema) -> dict[str, Any]:
+    """The full config (defaults included) as JSON-safe data; parse_config_dict reverses it."""
+    return cfg.model_dump(mode="json")
+
+
+# --------------------------------------------------------------------------- CLI helpers
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the positional ``config`` and the repeatable ``-p/--param KEY=VALUE``."""
+    parser.add_argument("config", help="config file (.yaml, .yml, .toml, .json or PBG .py)")
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. -p num_epochs=5 -p relations.0.operator=diagonal "
+        "-p entities.all.num_partitions=4 -p edge_paths=a,b (repeatable)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ConfigSchema:
+    """Load the config named by :func:`add_config_arguments`' arguments."""
+    params = getattr(args, "param", None) or []
+    flat: list[str] = []
+    for item in params:  # tolerate nargs-style lists too
+        flat.extend(item if isinstance(item, list) else [item])
+    return load_config(args.config, flat)
+
+
+# --------------------------------------------------------------------------- help text
+
+
+def config_keys() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) of every config key, in schema order."""
+    return describe_keys(
+        [("", ConfigSchema), ("entities.TYPE.", EntitySchema), ("relations[i].", RelationSchema)]
+    )
+
+
+def format_config_keys() -> str:
+    """A plain-text table of every key (the help text PBG users expect)."""
+    return format_table(config_keys(), ("key", "type", "default", "description"))

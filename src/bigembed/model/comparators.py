@@ -1,0 +1,98 @@
+"""Comparators: the similarity between a (transformed) embedding and its counterpart.
+
+Every comparator works on chunks: ``pos(a, b)`` scores matching rows, ``neg(anchors, negs)``
+scores each anchor of a group against every negative of the same group with ONE batched
+matrix product (``(G, M, D) x (G, N, D) -> (G, M, N)``). That product is where training spends
+its time, so nothing here copies the negatives.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class Comparator:
+    name = "base"
+
+    def prepare(self, x: Tensor) -> Tensor:
+        """Transform embeddings once before any comparison (``cos`` normalises here)."""
+        return x
+
+    def pos(self, a: Tensor, b: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class DotComparator(Comparator):
+    name = "dot"
+
+    def pos(self, a: Tensor, b: Tensor) -> Tensor:
+        return (a * b).sum(-1)
+
+    def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
+        return torch.bmm(anchors, negs.transpose(1, 2))
+
+
+class CosComparator(DotComparator):
+    name = "cos"
+
+    def prepare(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.normalize(x, p=2.0, dim=-1, eps=1e-12)
+
+
+class SquaredL2Comparator(Comparator):
+    """Negative squared Euclidean distance, expanded so negatives cost one matmul."""
+
+    name = "squared_l2"
+
+    def pos(self, a: Tensor, b: Tensor) -> Tensor:
+        return -(a - b).pow(2).sum(-1)
+
+    def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
+        a2 = anchors.pow(2).sum(-1, keepdim=True)  # (G, M, 1)
+        b2 = negs.pow(2).sum(-1).unsqueeze(1)  # (G, 1, N)
+        return torch.baddbmm(a2 + b2, anchors, negs.transpose(1, 2), alpha=2.0).neg()
+
+
+class L2Comparator(SquaredL2Comparator):
+    name = "l2"
+
+    def pos(self, a: Tensor, b: Tensor) -> Tensor:
+        return -(a - b).pow(2).sum(-1).clamp_min(1e-30).sqrt()
+
+    def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
+        return super().neg(anchors, negs).neg().clamp_min(1e-30).sqrt().neg()
+
+
+class BiasedComparator(Comparator):
+    """The base comparator on coordinates 1..D-1 plus the two coordinate-0 biases."""
+
+    def __init__(self, base: Comparator) -> None:
+        self.base = base
+        self.name = f"{base.name}+bias"
+
+    def prepare(self, x: Tensor) -> Tensor:
+        return torch.cat((x[..., :1], self.base.prepare(x[..., 1:])), dim=-1)
+
+    def pos(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.base.pos(a[..., 1:], b[..., 1:]) + a[..., 0] + b[..., 0]
+
+    def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
+        scores = self.base.neg(anchors[..., 1:], negs[..., 1:])
+        return scores + anchors[..., :1] + negs[..., 0].unsqueeze(1)
+
+
+COMPARATORS: dict[str, type[Comparator]] = {
+    cls.name: cls for cls in (DotComparator, CosComparator, L2Comparator, SquaredL2Comparator)
+}
+
+
+def make_comparator(name: str, bias: bool = False) -> Comparator:
+    try:
+        comparator = COMPARATORS[name]()
+    except KeyError:
+        raise ValueError(f"unknown comparator {name!r} (known: {', '.join(COMPARATORS)})") from None
+    return BiasedComparator(comparator) if bias else comparator

@@ -1,0 +1,77 @@
+"""Scoring a batch against its negatives, chunk by chunk, with one batched matmul per part.
+
+For one *direction* (the ``src`` side is corrupted, the ``dst`` side is the anchor), a batch of
+B positives is scored against:
+
+* **batch negatives**: the other positives' ``src`` entities in the same chunk of
+  ``chunk_size`` positives (the positive itself and padding are masked);
+* **uniform negatives**: ``num_uniform`` entities drawn from the ``src`` partition, shared by a
+  group of ``group_size`` consecutive positives (PBG shares them per chunk; sharing them over a
+  larger group turns many small products into one large one that runs near the matmul peak);
+* **all negatives**: every entity of the ``src`` partition (the positive itself is masked).
+
+Masked scores are set to -1e9, as PBG does, so they weigh nothing in any loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from bigembed.model.comparators import Comparator
+
+MASKED = -1e9
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pad_rows(x: Tensor, rows: int) -> Tensor:
+    if x.shape[0] == rows:
+        return x
+    return torch.cat((x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))), dim=0)
+
+
+def batch_negative_scores(
+    comparator: Comparator, anchors: Tensor, src: Tensor, chunk_size: int, dtype: torch.dtype
+) -> Tensor:
+    """Scores ``(B, chunk_size)`` of each anchor against the src entities of its chunk."""
+    num = anchors.shape[0]
+    chunk_size = min(chunk_size, num)
+    chunks = _ceil_div(num, chunk_size)
+    padded = chunks * chunk_size
+    a = _pad_rows(anchors, padded).view(chunks, chunk_size, -1)
+    s = _pad_rows(src, padded).view(chunks, chunk_size, -1)
+    scores = comparator.neg(a.to(dtype), s.to(dtype)).float()  # (chunks, chunk, chunk)
+    mask = torch.eye(chunk_size, dtype=torch.bool).expand(chunks, -1, -1)
+    if padded != num:
+        pad_cols = torch.zeros(chunks, 1, chunk_size, dtype=torch.bool)
+        pad_cols[-1, 0, chunk_size - (padded - num) :] = True
+        mask = mask | pad_cols
+    scores = scores.masked_fill(mask, MASKED)
+    return scores.view(padded, chunk_size)[:num]
+
+
+def shared_negative_scores(
+    comparator: Comparator, anchors: Tensor, negs: Tensor, group_size: int, dtype: torch.dtype
+) -> Tensor:
+    """Scores ``(B, N)`` of each anchor against the negatives of its group.
+
+    ``negs`` is ``(groups, N, D)``, one set of negatives per group of ``group_size`` anchors.
+    """
+    num = anchors.shape[0]
+    groups = negs.shape[0]
+    padded = groups * group_size
+    a = _pad_rows(anchors, padded).view(groups, group_size, -1)
+    scores = comparator.neg(a.to(dtype), negs.to(dtype)).float()
+    return scores.reshape(padded, -1)[:num]
+
+
+def mask_positives(scores: Tensor, positive_idx: Tensor) -> Tensor:
+    """For all-negatives scoring: mask each row's own positive entity."""
+    return scores.scatter(1, positive_idx.long().unsqueeze(1), MASKED)
+
+
+def num_groups(batch: int, group_size: int) -> int:
+    return _ceil_div(batch, group_size)

@@ -1,0 +1,154 @@
+"""Relation operators: transforms applied to one side's embeddings before comparison.
+
+A *standard* operator holds one set of parameters (one relation type, PBG's non-dynamic mode);
+a *dynamic* operator holds one parameter row per relation type and is called with a tensor of
+relation ids, one per embedding. Both are ``nn.Module`` so their parameters can be shared,
+checkpointed and optimised like any PyTorch parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class Operator(nn.Module):
+    """Base class. ``num_relations is None`` means standard mode (parameters without a relation axis)."""
+
+    name = "base"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_relations = num_relations
+
+    def _shape(self, *shape: int) -> tuple[int, ...]:
+        return shape if self.num_relations is None else (self.num_relations, *shape)
+
+    @staticmethod
+    def _pick(param: Tensor, rel: Tensor | None) -> Tensor:
+        """The parameter rows for ``rel`` (dynamic) or the parameter itself (standard)."""
+        return param if rel is None else param[rel]
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def reg_embeddings(self, x: Tensor) -> Tensor:
+        """Per-entry magnitudes cubed by the N3 regulariser (complex operators use the modulus)."""
+        return x.abs().pow(3)
+
+    def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
+        """Magnitudes of the parameters the N3 regulariser penalises, or None when there are none."""
+        return None
+
+
+class IdentityOperator(Operator):
+    name = "none"
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        return x
+
+
+class TranslationOperator(Operator):
+    name = "translation"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        super().__init__(dim, num_relations)
+        self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        return x + self._pick(self.translation, rel)
+
+    def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
+        return self._pick(self.translation, rel).abs()
+
+
+class DiagonalOperator(Operator):
+    name = "diagonal"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        super().__init__(dim, num_relations)
+        self.diagonal = nn.Parameter(torch.ones(self._shape(dim)))
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        return x * self._pick(self.diagonal, rel)
+
+    def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
+        return self._pick(self.diagonal, rel).abs()
+
+
+class LinearOperator(Operator):
+    name = "linear"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        super().__init__(dim, num_relations)
+        eye = torch.eye(dim)
+        if num_relations is not None:
+            eye = eye.expand(num_relations, dim, dim).clone()
+        self.linear_transformation = nn.Parameter(eye)
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        if rel is None:
+            return x @ self.linear_transformation.t()
+        mats = self.linear_transformation[rel]  # (..., D, D)
+        return torch.matmul(mats, x.unsqueeze(-1)).squeeze(-1)
+
+
+class AffineOperator(LinearOperator):
+    name = "affine"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        super().__init__(dim, num_relations)
+        self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        return super().forward(x, rel) + self._pick(self.translation, rel)
+
+
+class ComplexDiagonalOperator(Operator):
+    """ComplEx: the two halves of a vector are the real and imaginary parts."""
+
+    name = "complex_diagonal"
+
+    def __init__(self, dim: int, num_relations: int | None = None) -> None:
+        if dim % 2:
+            raise ValueError(f"complex_diagonal needs an even dimension, got {dim}")
+        super().__init__(dim, num_relations)
+        self.real = nn.Parameter(torch.ones(self._shape(dim // 2)))
+        self.imag = nn.Parameter(torch.zeros(self._shape(dim // 2)))
+
+    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+        half = self.dim // 2
+        a, b = x[..., :half], x[..., half:]
+        re, im = self._pick(self.real, rel), self._pick(self.imag, rel)
+        return torch.cat((a * re - b * im, a * im + b * re), dim=-1)
+
+    def reg_embeddings(self, x: Tensor) -> Tensor:
+        half = self.dim // 2
+        return (x[..., :half].pow(2) + x[..., half:].pow(2)).pow(1.5)
+
+    def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
+        re, im = self._pick(self.real, rel), self._pick(self.imag, rel)
+        return (re.pow(2) + im.pow(2)).sqrt()
+
+
+OPERATORS: dict[str, type[Operator]] = {
+    cls.name: cls
+    for cls in (
+        IdentityOperator,
+        TranslationOperator,
+        DiagonalOperator,
+        LinearOperator,
+        AffineOperator,
+        ComplexDiagonalOperator,
+    )
+}
+
+
+def make_operator(name: str, dim: int, num_relations: int | None = None) -> Operator:
+    """Instantiate the operator called ``name`` (a key of :data:`OPERATORS`)."""
+    try:
+        cls = OPERATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown operator {name!r} (known: {', '.join(OPERATORS)})") from None
+    return cls(dim, num_relations)

@@ -1,0 +1,218 @@
+"""The multi-relation scoring model: operators + comparator + loss over gathered embeddings.
+
+Entity embedding tables live outside the model (in a partition store, possibly on disk); the
+trainer gathers the rows a batch needs and hands them here as leaf tensors, so gradients land
+on exactly those rows and a fused row-wise Adagrad can apply them (see
+:mod:`bigembed.train.row_adagrad`). Relation parameters and global embeddings are ordinary
+``nn.Parameter`` objects of this module.
+
+Standard mode (PBG's non-dynamic relations): each batch holds one relation type; its operator
+transforms the rhs side, and both sides are corrupted: lhs negatives are compared raw with
+``op(rhs)``, rhs negatives go through the operator like the positive did.
+
+Dynamic mode: one lhs and one rhs operator set, one parameter row per relation type; each edge is
+scored twice, ``c(lhs, op_rhs[r](rhs))`` against corrupted lhs and ``c(rhs, op_lhs[r](lhs))``
+against corrupted rhs, so negatives never pass through a per-edge operator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from bigembed.config import ConfigSchema
+from bigembed.model.comparators import Comparator, make_comparator
+from bigembed.model.losses import make_loss
+from bigembed.model.negatives import (
+    batch_negative_scores,
+    mask_positives,
+    shared_negative_scores,
+)
+from bigembed.model.operators import IdentityOperator, Operator, make_operator
+
+
+@dataclass
+class NegativeSettings:
+    """How a batch is corrupted (the trainer and the evaluator use different counts)."""
+
+    num_batch_negs: int
+    num_uniform_negs: int
+    uniform_group: int  # positives sharing one draw of uniform negatives
+    disable_lhs: bool = False
+    disable_rhs: bool = False
+
+    def uniform_groups(self, batch: int) -> int:
+        return -(-batch // self.uniform_group) if self.num_uniform_negs > 0 else 0
+
+
+@dataclass
+class SideEmbeddings:
+    """The gathered rows of one side of a batch."""
+
+    pos: Tensor  # (B, D) embeddings of the batch's entities on this side
+    pos_idx: Tensor  # (B,) their offsets in the partition (for all-negatives masking)
+    uniform: Tensor | None = None  # (groups, U, D) uniformly drawn negatives
+    all: Tensor | None = None  # (N, D) the whole partition, when all_negs
+
+
+@dataclass
+class BatchScores:
+    """Positive and negative scores of both directions, plus the loss terms."""
+
+    loss: Tensor
+    reg: Tensor
+    lhs_pos: Tensor
+    lhs_neg: Tensor
+    rhs_pos: Tensor
+    rhs_neg: Tensor
+
+
+class ScoringModel(nn.Module):
+    def __init__(self, config: ConfigSchema, num_dynamic_relations: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        self.dynamic = bool(config.dynamic_relations)
+        self.comparator: Comparator = make_comparator(config.comparator, config.bias)
+        self.loss_fn = make_loss(config.loss_fn, config.margin)
+        self.reg_coef = float(config.regularization_coef)
+        self.compute_dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+        if self.dynamic:
+            (rel,) = config.relations
+            self.num_relations = num_dynamic_relations
+            self.lhs_operators = nn.ModuleList(
+                [make_operator(rel.operator, config.entity_dimension(rel.lhs), num_dynamic_relations)]
+            )
+            self.rhs_operators = nn.ModuleList(
+                [make_operator(rel.operator, config.entity_dimension(rel.rhs), num_dynamic_relations)]
+            )
+        else:
+            self.num_relations = len(config.relations)
+            self.lhs_operators = nn.ModuleList()
+            self.rhs_operators = nn.ModuleList(
+                [make_operator(r.operator, config.entity_dimension(r.rhs)) for r in config.relations]
+            )
+        self.global_embs = nn.ParameterDict()
+        if config.global_emb:
+            for etype in config.entities:
+                self.global_embs[etype] = nn.Parameter(torch.zeros(config.entity_dimension(etype)))
+
+    # ------------------------------------------------------------------ helpers
+    def relation_config(self, relation_idx: int):
+        return self.config.relations[0 if self.dynamic else relation_idx]
+
+    def _adjust(self, x: Tensor, etype: str) -> Tensor:
+        """Add the type's global embedding (if any)."""
+        if etype in self.global_embs:
+            return x + self.global_embs[etype]
+        return x
+
+    def rhs_operator(self, relation_idx: int) -> Operator:
+        return self.rhs_operators[0 if self.dynamic else relation_idx]
+
+    def lhs_operator(self) -> Operator:
+        return self.lhs_operators[0] if self.dynamic else IdentityOperator(0)
+
+    # ------------------------------------------------------------------ scoring
+    def _direction(
+        self,
+        src_pos: Tensor,
+        src_uniform: Tensor | None,
+        src_all: Tensor | None,
+        src_idx: Tensor,
+        anchors: Tensor,
+        negs: NegativeSettings,
+        enabled: bool,
+        all_negs: bool,
+    ) -> Tensor:
+        """Negative scores ``(B, N)`` for corrupting ``src`` against the (transformed) anchors."""
+        batch = anchors.shape[0]
+        if not enabled:
+            return anchors.new_zeros((batch, 0))
+        cmp, dtype = self.comparator, self.compute_dtype
+        if all_negs:
+            assert src_all is not None
+            scores = shared_negative_scores(cmp, anchors, src_all.unsqueeze(0), batch, dtype)
+            return mask_positives(scores, src_idx)
+        parts = []
+        if negs.num_batch_negs > 0:
+            parts.append(batch_negative_scores(cmp, anchors, src_pos, negs.num_batch_negs, dtype))
+        if src_uniform is not None and src_uniform.shape[1] > 0:
+            parts.append(shared_negative_scores(cmp, anchors, src_uniform, negs.uniform_group, dtype))
+        if not parts:
+            return anchors.new_zeros((batch, 0))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _reg(self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int) -> Tensor:
+        if self.reg_coef == 0:
+            return src.new_zeros(())
+        total = operator.reg_embeddings(src).sum() + operator.reg_embeddings(dst).sum()
+        params = operator.reg_params(rel)
+        if params is not None:
+            # Standard mode counts the (shared) parameters once per chunk, as PBG does.
+            total = total + params.pow(3).sum() * (1 if rel is not None else chunks)
+        return self.reg_coef * total
+
+    def forward(
+        self,
+        lhs: SideEmbeddings,
+        rhs: SideEmbeddings,
+        rel: Tensor,
+        relation_idx: int,
+        weight: Tensor | None,
+        negs: NegativeSettings,
+    ) -> BatchScores:
+        """Score a batch. ``rel`` holds per-edge relation ids (dynamic mode) and is ignored otherwise."""
+        rcfg = self.relation_config(relation_idx)
+        cmp = self.comparator
+        all_negs = bool(rcfg.all_negs)
+        lhs_x = self._adjust(lhs.pos, rcfg.lhs)
+        rhs_x = self._adjust(rhs.pos, rcfg.rhs)
+        batch = lhs_x.shape[0]
+        chunks = -(-batch // max(1, negs.num_batch_negs or negs.num_uniform_negs or batch))
+
+        def prep_neg(x: Tensor | None, etype: str, op: Operator | None) -> Tensor | None:
+            if x is None:
+                return None
+            x = self._adjust(x, etype)
+            if op is not None:
+                x = op(x)
+            return cmp.prepare(x)
+
+        if not self.dynamic:
+            op = self.rhs_operator(relation_idx)
+            lhs_p = cmp.prepare(lhs_x)
+            rhs_t = cmp.prepare(op(rhs_x))
+            pos = cmp.pos(lhs_p, rhs_t)
+            lhs_neg = self._direction(
+                lhs_p, prep_neg(lhs.uniform, rcfg.lhs, None), prep_neg(lhs.all, rcfg.lhs, None),
+                lhs.pos_idx, rhs_t, negs, not negs.disable_lhs, all_negs,
+            )
+            rhs_neg = self._direction(
+                rhs_t, prep_neg(rhs.uniform, rcfg.rhs, op), prep_neg(rhs.all, rcfg.rhs, op),
+                rhs.pos_idx, lhs_p, negs, not negs.disable_rhs, all_negs,
+            )
+            lhs_pos = rhs_pos = pos
+            reg = self._reg(op, lhs_p, rhs_t, None, chunks)
+        else:
+            rhs_op, lhs_op = self.rhs_operators[0], self.lhs_operators[0]
+            lhs_p = cmp.prepare(lhs_x)
+            rhs_p = cmp.prepare(rhs_x)
+            rhs_t = cmp.prepare(rhs_op(rhs_x, rel))
+            lhs_t = cmp.prepare(lhs_op(lhs_x, rel))
+            lhs_pos = cmp.pos(lhs_p, rhs_t)
+            rhs_pos = cmp.pos(rhs_p, lhs_t)
+            lhs_neg = self._direction(
+                lhs_p, prep_neg(lhs.uniform, rcfg.lhs, None), prep_neg(lhs.all, rcfg.lhs, None),
+                lhs.pos_idx, rhs_t, negs, not negs.disable_lhs, all_negs,
+            )
+            rhs_neg = self._direction(
+                rhs_p, prep_neg(rhs.uniform, rcfg.rhs, None), prep_neg(rhs.all, rcfg.rhs, None),
+                rhs.pos_idx, lhs_t, negs, not negs.disable_rhs, all_negs,
+            )
+            reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(lhs_op, rhs_p, lhs_t, rel, chunks)
+
+        loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
+        loss = loss * float(rcfg.weight)
+        return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)

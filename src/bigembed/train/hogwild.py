@@ -1,0 +1,200 @@
+"""Hogwild training of one bucket: worker processes update shared embeddings without locks.
+
+A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
+shared-memory tables and the shuffled edges, trains its even share of them, and reports stats.
+Progress is published through a small shared tensor so the parent can draw a live progress bar.
+With one worker everything runs in the calling process.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from bigembed.errors import BigembedError
+from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.train.batching import make_batches
+from bigembed.train.step import BatchTrainer, StepStats, Table
+
+logger = logging.getLogger(__name__)
+
+PartitionKey = tuple[str, int]
+
+
+@dataclass
+class BucketTask:
+    """One worker's share of a bucket."""
+
+    tables: dict[PartitionKey, Table]
+    sides: list[tuple[PartitionKey, PartitionKey]]  # per relation idx: (lhs table, rhs table)
+    lhs: Tensor
+    rhs: Tensor
+    rel: Tensor
+    weight: Tensor | None
+    start: int
+    end: int
+    seed: int
+
+
+@dataclass
+class WorkerSetup:
+    model: ScoringModel
+    model_states: list[Tensor]
+    negs: NegativeSettings
+    lr: float
+    relation_lr: float
+    batch_size: int
+    dynamic: bool
+
+
+def run_task(
+    setup: WorkerSetup, task: BucketTask, trainer: BatchTrainer, progress: Callable[[int, float], None]
+) -> StepStats:
+    """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch."""
+    sel = slice(task.start, task.end)
+    weight = None if task.weight is None else task.weight[sel]
+    trainer.gen.manual_seed(task.seed)
+    rng = np.random.default_rng(task.seed)
+    total = StepStats()
+    for batch in make_batches(
+        task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
+    ):
+        lhs_key, rhs_key = task.sides[batch.relation_idx]
+        stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key])
+        total.add(stats)
+        progress(stats.count, stats.loss)
+    return total
+
+
+def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
+    return BatchTrainer(
+        setup.model, setup.model_states, setup.negs, setup.lr, setup.relation_lr, torch.Generator()
+    )
+
+
+def _worker_main(rank: int, setup: WorkerSetup, tasks: mp.Queue, results: mp.Queue, board: Tensor) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    torch.set_num_threads(1)
+    trainer = _make_trainer(setup)
+
+    def progress(edges: int, loss: float) -> None:
+        board[rank, 0] += edges
+        board[rank, 1] += loss
+
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        try:
+            stats = run_task(setup, task, trainer, progress)
+            results.put((rank, "ok", stats))
+        except Exception:
+            results.put((rank, "error", traceback.format_exc()))
+        del task
+
+
+class HogwildPool:
+    def __init__(self, setup: WorkerSetup, workers: int) -> None:
+        self.setup = setup
+        self.workers = workers
+        self.board = torch.zeros((workers, 2), dtype=torch.float64)
+        self._procs: list[mp.process.BaseProcess] = []
+        if workers > 1:
+            ctx = mp.get_context("spawn")
+            self.board.share_memory_()
+            self._tasks = [ctx.Queue() for _ in range(workers)]
+            self._results = ctx.Queue()
+            for rank in range(workers):
+                p = ctx.Process(
+                    target=_worker_main,
+                    args=(rank, setup, self._tasks[rank], self._results, self.board),
+                    name=f"bigembed-hogwild-{rank}",
+                    daemon=True,
+                )
+                p.start()
+                self._procs.append(p)
+        else:
+            self._trainer = _make_trainer(setup)
+
+    def progress(self) -> tuple[int, float]:
+        edges, loss = self.board.sum(dim=0).tolist()
+        return int(edges), float(loss)
+
+    def run(
+        self,
+        tables: dict[PartitionKey, Table],
+        sides: list[tuple[PartitionKey, PartitionKey]],
+        lhs: Tensor,
+        rhs: Tensor,
+        rel: Tensor,
+        weight: Tensor | None,
+        seed: int,
+        on_wait: Callable[[], None] = lambda: None,
+    ) -> StepStats:
+        """Train the given (already shuffled) edges; returns the summed stats of all workers."""
+        n = int(lhs.shape[0])
+        bounds = np.linspace(0, n, self.workers + 1).astype(np.int64)
+        if self.workers == 1:
+            def progress(edges: int, loss: float) -> None:
+                self.board[0, 0] += edges
+                self.board[0, 1] += loss
+                on_wait()
+
+            task = BucketTask(tables, sides, lhs, rhs, rel, weight, 0, n, seed)
+            return run_task(self.setup, task, self._trainer, progress)
+        shared = [t.share_memory_() if t is not None else None for t in (lhs, rhs, rel, weight)]
+        for rank in range(self.workers):
+            self._tasks[rank].put(
+                BucketTask(tables, sides, *shared, int(bounds[rank]), int(bounds[rank + 1]), seed * 1000 + rank)
+            )
+        total = StepStats()
+        pending = set(range(self.workers))
+        while pending:
+            try:
+                rank, status, payload = self._results.get(timeout=0.5)
+            except queue.Empty:
+                on_wait()
+                self._check_alive()
+                continue
+            if status == "error":
+                self.close()
+                raise RuntimeError(f"Hogwild worker {rank} failed:\n{payload}")
+            total.add(payload)
+            pending.discard(rank)
+        on_wait()
+        return total
+
+    def _check_alive(self) -> None:
+        for rank, p in enumerate(self._procs):
+            if not p.is_alive():
+                code = p.exitcode
+                self.close()
+                hint = ""
+                if code == -signal.SIGBUS:
+                    hint = " (SIGBUS: shared memory exhausted; enlarge /dev/shm or use more partitions)"
+                elif code == -signal.SIGKILL:
+                    hint = " (SIGKILL: probably out of memory)"
+                raise BigembedError(f"Hogwild worker {rank} died with exit code {code}{hint}")
+
+    def close(self) -> None:
+        for rank, p in enumerate(self._procs):
+            if p.is_alive():
+                try:
+                    self._tasks[rank].put(None)
+                except (OSError, ValueError):
+                    pass
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self._procs = []

@@ -1,0 +1,65 @@
+"""Hogwild-safe Adagrad: row-wise for embedding tables, element-wise for relation parameters.
+
+Both follow PBG's rule for lock-free updates: a worker adds its squared gradient to the shared
+accumulator *and* uses its own freshly summed value as the denominator, so a concurrent writer
+can never make a worker's step larger than its gradient warrants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+EPS = 1e-10
+
+
+def row_adagrad_update(
+    table: Tensor,
+    state: Tensor,
+    updates: Sequence[tuple[Tensor, Tensor]],
+    lr: float,
+) -> int:
+    """Apply row-wise Adagrad to ``table`` for the rows named in ``updates``.
+
+    ``updates`` is a list of ``(row indices (n,), gradients (n, D))``; duplicate rows are summed
+    first (a row used as a positive and as a negative gets one combined step). ``state`` holds
+    one accumulator per row: the running sum of the row's mean squared gradient. Returns the
+    number of distinct rows touched.
+    """
+    if not updates:
+        return 0
+    if len(updates) == 1:
+        idx, grad = updates[0]
+    else:
+        idx = torch.cat([u[0] for u in updates])
+        grad = torch.cat([u[1] for u in updates])
+    idx = idx.long()
+    uniq, inverse = torch.unique(idx, return_inverse=True)
+    if uniq.numel() != idx.numel():
+        summed = grad.new_zeros((uniq.numel(), grad.shape[1]))
+        summed.index_add_(0, inverse, grad)
+    else:
+        summed = grad.new_empty((uniq.numel(), grad.shape[1]))
+        summed.index_copy_(0, inverse, grad)
+    sq = summed.pow(2).mean(dim=1)
+    local = state.index_select(0, uniq).add_(sq)
+    state.index_add_(0, uniq, sq)
+    step = summed.div_(local.sqrt_().add_(EPS).unsqueeze(1)).mul_(-lr)
+    table.index_add_(0, uniq, step)
+    return int(uniq.numel())
+
+
+def dense_adagrad_update(params: Iterable[Tensor], states: Sequence[Tensor], lr: float) -> None:
+    """Element-wise Adagrad for parameters whose ``.grad`` is set (relation operators, globals)."""
+    for param, state in zip(params, states, strict=True):
+        grad = param.grad
+        if grad is None:
+            continue
+        sq = grad * grad
+        local = state + sq
+        state.add_(sq)
+        with torch.no_grad():
+            param.addcdiv_(grad, local.sqrt_().add_(EPS), value=-lr)
+        param.grad = None
