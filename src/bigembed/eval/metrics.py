@@ -6,6 +6,7 @@ the positive, as PBG does). Masked candidates (score <= -1e9 / 2) never count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -16,18 +17,29 @@ from bigembed.model.negatives import MASKED
 HITS_AT = (1, 3, 10, 50)
 
 
-def ranks_from_scores(pos: Tensor, neg: Tensor) -> Tensor:
-    """``pos`` (B,), ``neg`` (B, N) -> ranks (B,) as int64."""
-    if neg.numel() == 0:
-        return torch.ones(pos.shape[0], dtype=torch.long)
-    return (neg >= pos.unsqueeze(1)).sum(dim=1).add_(1)
+def _blocks(neg: Tensor | Sequence[Tensor]) -> list[Tensor]:
+    return [neg] if isinstance(neg, Tensor) else list(neg)
 
 
-def auc_from_scores(pos: Tensor, neg: Tensor) -> Tensor:
+def ranks_from_scores(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> Tensor:
+    """``pos`` (B,), negatives (B, N) or blocks of it -> ranks (B,) as int64."""
+    ranks = torch.ones(pos.shape[0], dtype=torch.long)
+    p = pos.unsqueeze(1)
+    for block in _blocks(neg):
+        ranks += torch.count_nonzero(block >= p, dim=1)
+    return ranks
+
+
+def auc_from_scores(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> Tensor:
     """Per positive: fraction of its (unmasked) negatives that score strictly below it."""
-    valid = neg > MASKED / 2
-    below = ((neg < pos.unsqueeze(1)) & valid).sum(dim=1).float()
-    return below / valid.sum(dim=1).clamp_min(1).float()
+    below = torch.zeros(pos.shape[0])
+    valid = torch.zeros(pos.shape[0])
+    p = pos.unsqueeze(1)
+    for block in _blocks(neg):
+        ok = block > MASKED / 2
+        below += ((block < p) & ok).sum(dim=1)
+        valid += ok.sum(dim=1)
+    return below / valid.clamp_min(1)
 
 
 @dataclass

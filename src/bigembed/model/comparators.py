@@ -54,7 +54,7 @@ class SquaredL2Comparator(Comparator):
     def neg(self, anchors: Tensor, negs: Tensor) -> Tensor:
         a2 = anchors.pow(2).sum(-1, keepdim=True)  # (G, M, 1)
         b2 = negs.pow(2).sum(-1).unsqueeze(1)  # (G, 1, N)
-        return torch.baddbmm(a2 + b2, anchors, negs.transpose(1, 2), alpha=2.0).neg()
+        return torch.baddbmm(a2 + b2, anchors, negs.transpose(1, 2), alpha=-2.0).neg()
 
 
 class L2Comparator(SquaredL2Comparator):

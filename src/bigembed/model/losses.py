@@ -1,18 +1,25 @@
 """Loss functions over positive scores and their negatives (sum-reduced, PBG's definitions).
 
-``pos``: ``(B,)`` scores; ``neg``: ``(B, N)`` scores (masked entries already at -1e9);
-``weight``: optional ``(B,)`` per-edge weights multiplying each positive's terms.
+``pos``: ``(B,)`` scores. Negatives come as a list of score blocks ``(B, N_k)`` (batch negatives,
+uniform negatives, ...) that together form the ``(B, N)`` matrix; keeping them apart avoids
+copying the largest tensor of a step. Masked entries are already at -1e9. ``weight``: optional
+``(B,)`` per-edge weights multiplying each positive's terms.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LossFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+Negatives = Sequence[Tensor]
+LossFn = Callable[[Tensor, Negatives, "Tensor | None"], Tensor]
+
+
+def _blocks(neg: Tensor | Negatives) -> list[Tensor]:
+    return [neg] if isinstance(neg, Tensor) else [b for b in neg if b.shape[-1] > 0]
 
 
 def _weighted_sum(per_positive: Tensor, weight: Tensor | None) -> Tensor:
@@ -21,30 +28,72 @@ def _weighted_sum(per_positive: Tensor, weight: Tensor | None) -> Tensor:
     return per_positive.sum()
 
 
-def ranking_loss(pos: Tensor, neg: Tensor, weight: Tensor | None, margin: float) -> Tensor:
+def ranking_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None, margin: float) -> Tensor:
     """Σ_j max(0, margin − s_i + t_ij)."""
-    if pos.numel() == 0 or neg.numel() == 0:
+    blocks = _blocks(neg)
+    if pos.numel() == 0 or not blocks:
         return pos.new_zeros(())
-    per_positive = (neg - pos.unsqueeze(-1) + margin).clamp_min(0).sum(-1)
+    threshold = (pos - margin).unsqueeze(-1)
+    per_positive = sum((b - threshold).clamp_min(0).sum(-1) for b in blocks)
     return _weighted_sum(per_positive, weight)
 
 
-def logistic_loss(pos: Tensor, neg: Tensor, weight: Tensor | None) -> Tensor:
+def logistic_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None) -> Tensor:
     """softplus(−s_i) + mean_j softplus(t_ij)."""
     if pos.numel() == 0:
         return pos.new_zeros(())
     per_positive = F.softplus(-pos)
-    if neg.numel() > 0 and neg.shape[-1] > 0:
-        per_positive = per_positive + F.softplus(neg).mean(-1)
+    blocks = _blocks(neg)
+    total = sum(b.shape[-1] for b in blocks)
+    if total:
+        per_positive = per_positive + sum(F.softplus(b).sum(-1) for b in blocks) / total
     return _weighted_sum(per_positive, weight)
 
 
-def softmax_loss(pos: Tensor, neg: Tensor, weight: Tensor | None) -> Tensor:
+class _SoftmaxLoss(torch.autograd.Function):
+    """Fused softmax cross-entropy over score blocks, the positive being class 0.
+
+    Forward keeps the probabilities (block by block, no concatenation); backward is one
+    multiply per block, so each block's gradient is a fresh contiguous tensor that the matmul
+    backward can use without another copy. ``torch.logsumexp`` would recompute every exponential
+    in its backward, which on CPU costs about a third of the matmuls.
+    """
+
+    @staticmethod
+    def forward(ctx, pos: Tensor, weight: Tensor | None, *blocks: Tensor) -> Tensor:  # type: ignore[override]
+        m = pos.clone()
+        for b in blocks:
+            torch.maximum(m, b.amax(dim=-1), out=m)
+        m = m.unsqueeze(-1)
+        p_pos = (pos.unsqueeze(-1) - m).exp_()
+        denom = p_pos.clone()
+        probs = []
+        for b in blocks:
+            e = (b - m).exp_()
+            denom += e.sum(-1, keepdim=True)
+            probs.append(e)
+        p_pos /= denom
+        for e in probs:
+            e /= denom
+        per_positive = p_pos.squeeze(-1).clamp_min(1e-38).log_().neg_()
+        ctx.save_for_backward(p_pos, weight, *probs)
+        ctx.has_weight = weight is not None
+        return per_positive.sum() if weight is None else (per_positive * weight).sum()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        p_pos, weight, *probs = ctx.saved_tensors
+        g = grad_out.expand(p_pos.shape[0]) if not ctx.has_weight else grad_out * weight
+        g = g.unsqueeze(-1)
+        grad_pos = (p_pos - 1).mul_(g).squeeze(-1)
+        return (grad_pos, None, *(e.mul_(g) for e in probs))
+
+
+def softmax_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None) -> Tensor:
     """−s_i + log(e^{s_i} + Σ_j e^{t_ij}): cross-entropy with the positive as the class."""
     if pos.numel() == 0:
         return pos.new_zeros(())
-    lse = torch.logsumexp(torch.cat((pos.unsqueeze(-1), neg), dim=-1), dim=-1)
-    return _weighted_sum(lse - pos, weight)
+    return _SoftmaxLoss.apply(pos, weight, *_blocks(neg))
 
 
 def make_loss(name: str, margin: float = 0.1) -> LossFn:

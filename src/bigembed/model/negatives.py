@@ -49,8 +49,9 @@ def batch_negative_scores(
         pad_cols = torch.zeros(chunks, 1, chunk_size, dtype=torch.bool)
         pad_cols[-1, 0, chunk_size - (padded - num) :] = True
         mask = mask | pad_cols
-    scores = scores.masked_fill(mask, MASKED)
-    return scores.view(padded, chunk_size)[:num]
+    scores = scores.masked_fill(mask, MASKED).view(padded, chunk_size)
+    # Slicing is not free under autograd (its backward allocates and copies): only when padded.
+    return scores if padded == num else scores[:num]
 
 
 def shared_negative_scores(
@@ -64,8 +65,8 @@ def shared_negative_scores(
     groups = negs.shape[0]
     padded = groups * group_size
     a = _pad_rows(anchors, padded).view(groups, group_size, -1)
-    scores = comparator.neg(a.to(dtype), negs.to(dtype)).float()
-    return scores.reshape(padded, -1)[:num]
+    scores = comparator.neg(a.to(dtype), negs.to(dtype)).float().view(padded, -1)
+    return scores if padded == num else scores[:num]
 
 
 def mask_positives(scores: Tensor, positive_idx: Tensor) -> Tensor:

@@ -33,13 +33,44 @@ class Operator(nn.Module):
     def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
-    def reg_embeddings(self, x: Tensor) -> Tensor:
-        """Per-entry magnitudes cubed by the N3 regulariser (complex operators use the modulus)."""
-        return x.abs().pow(3)
+    def reg_embeddings_sum(self, x: Tensor) -> Tensor:
+        """Σ of the cubed magnitudes the N3 regulariser penalises (complex operators: modulus)."""
+        return _CubedAbsSum.apply(x)
 
     def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
         """Magnitudes of the parameters the N3 regulariser penalises, or None when there are none."""
         return None
+
+
+class _CubedAbsSum(torch.autograd.Function):
+    """Σ|x|³ with a one-pass backward (3·x·|x|) instead of autograd's chain of pow/abs/sign."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        ax = x.abs()
+        ctx.save_for_backward(x, ax)
+        return (ax * ax * ax).sum()
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        x, ax = ctx.saved_tensors
+        return x * ax * (3 * g)
+
+
+class _ComplexCubedModulusSum(torch.autograd.Function):
+    """Σ (a² + b²)^{3/2} over the complex halves [a | b] of x; gradient 3·[a | b]·√(a² + b²)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        a, b = torch.split(x, x.shape[-1] // 2, dim=-1)
+        r = (a * a + b * b).sqrt_()
+        ctx.save_for_backward(x, r)
+        return (r * r * r).sum()
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        x, r = ctx.saved_tensors
+        return x * torch.cat((r, r), dim=-1) * (3 * g)
 
 
 class IdentityOperator(Operator):
@@ -118,14 +149,13 @@ class ComplexDiagonalOperator(Operator):
         self.imag = nn.Parameter(torch.zeros(self._shape(dim // 2)))
 
     def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
-        half = self.dim // 2
-        a, b = x[..., :half], x[..., half:]
+        # split (not slicing): its backward is one concatenation, not two zero-filled copies
+        a, b = torch.split(x, self.dim // 2, dim=-1)
         re, im = self._pick(self.real, rel), self._pick(self.imag, rel)
         return torch.cat((a * re - b * im, a * im + b * re), dim=-1)
 
-    def reg_embeddings(self, x: Tensor) -> Tensor:
-        half = self.dim // 2
-        return (x[..., :half].pow(2) + x[..., half:].pow(2)).pow(1.5)
+    def reg_embeddings_sum(self, x: Tensor) -> Tensor:
+        return _ComplexCubedModulusSum.apply(x)
 
     def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
         re, im = self._pick(self.real, rel), self._pick(self.imag, rel)

@@ -64,9 +64,9 @@ class BatchScores:
     loss: Tensor
     reg: Tensor
     lhs_pos: Tensor
-    lhs_neg: Tensor
+    lhs_neg: list[Tensor]  # blocks of (B, N_k) negative scores
     rhs_pos: Tensor
-    rhs_neg: Tensor
+    rhs_neg: list[Tensor]
 
 
 class ScoringModel(nn.Module):
@@ -125,29 +125,27 @@ class ScoringModel(nn.Module):
         negs: NegativeSettings,
         enabled: bool,
         all_negs: bool,
-    ) -> Tensor:
-        """Negative scores ``(B, N)`` for corrupting ``src`` against the (transformed) anchors."""
+    ) -> list[Tensor]:
+        """Negative score blocks ``(B, N_k)`` for corrupting ``src`` against the anchors."""
         batch = anchors.shape[0]
         if not enabled:
-            return anchors.new_zeros((batch, 0))
+            return []
         cmp, dtype = self.comparator, self.compute_dtype
         if all_negs:
             assert src_all is not None
             scores = shared_negative_scores(cmp, anchors, src_all.unsqueeze(0), batch, dtype)
-            return mask_positives(scores, src_idx)
+            return [mask_positives(scores, src_idx)]
         parts = []
         if negs.num_batch_negs > 0:
             parts.append(batch_negative_scores(cmp, anchors, src_pos, negs.num_batch_negs, dtype))
         if src_uniform is not None and src_uniform.shape[1] > 0:
             parts.append(shared_negative_scores(cmp, anchors, src_uniform, negs.uniform_group, dtype))
-        if not parts:
-            return anchors.new_zeros((batch, 0))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return parts
 
     def _reg(self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int) -> Tensor:
         if self.reg_coef == 0:
             return src.new_zeros(())
-        total = operator.reg_embeddings(src).sum() + operator.reg_embeddings(dst).sum()
+        total = operator.reg_embeddings_sum(src) + operator.reg_embeddings_sum(dst)
         params = operator.reg_params(rel)
         if params is not None:
             # Standard mode counts the (shared) parameters once per chunk, as PBG does.

@@ -80,6 +80,12 @@ def gather_side(
     return SideEmbeddings(pos, idx, uniform, whole), uidx
 
 
+def _violators(pos: Tensor, blocks: list[Tensor]) -> int:
+    """Negatives scoring above their positive."""
+    p = pos.unsqueeze(1)
+    return sum(int(torch.count_nonzero(b > p)) for b in blocks)
+
+
 class BatchTrainer:
     """Runs training steps for one worker against the tables of the current bucket."""
 
@@ -133,8 +139,8 @@ class BatchTrainer:
             stats = StepStats(
                 loss=float(scores.loss),
                 reg=float(scores.reg),
-                violators_lhs=int((scores.lhs_neg > scores.lhs_pos.unsqueeze(1)).sum()),
-                violators_rhs=int((scores.rhs_neg > scores.rhs_pos.unsqueeze(1)).sum()),
+                violators_lhs=_violators(scores.lhs_pos, scores.lhs_neg),
+                violators_rhs=_violators(scores.rhs_pos, scores.rhs_neg),
                 count=len(batch),
             )
         return stats

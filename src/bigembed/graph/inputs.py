@@ -1,0 +1,290 @@
+"""Input edge files: format detection, column selection, and streaming record batches.
+
+Text files (TSV/CSV, optionally gzip/bz2/zstd-compressed) are parsed with pyarrow's
+streaming CSV reader and Parquet files are read batch by batch, so memory does not depend on
+the file size. Every column is read as a string here (weights too): turning values into
+numbers and ids happens vectorised later, where bad values can be pinpointed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from bigembed.errors import InputError
+
+TEXT_FORMATS = ("tsv", "csv")
+FORMATS = (*TEXT_FORMATS, "parquet")
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+_EXTENSIONS = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+ROLES = ("lhs", "rel", "rhs", "weight")
+
+
+def detect_format(path: Path, forced: str | None) -> tuple[str, str | None]:
+    """(format, compression codec or None) of ``path``, from ``forced`` or the extension."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = None
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        compression = COMPRESSIONS[suffixes.pop()]
+    if forced is not None:
+        return forced, compression
+    fmt = _EXTENSIONS.get(suffixes[-1]) if suffixes else None
+    if fmt is None:
+        raise InputError(
+            f"{path}: cannot tell the format from the file name; name it .tsv/.txt/.csv/.parquet "
+            f"(optionally .gz/.bz2/.zst) or pass --format tsv|csv|parquet"
+        )
+    if fmt == "parquet" and compression is not None:
+        raise InputError(f"{path}: a Parquet file is compressed inside; do not compress it again")
+    return fmt, compression
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """Which input column plays which role: an index (int) or a header name (str)."""
+
+    lhs: int | str = 0
+    rel: int | str | None = 1
+    rhs: int | str = 2
+    weight: int | str | None = None
+
+    def roles(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {}
+        for role in ROLES:
+            value = getattr(self, role)
+            if value is not None:
+                out[role] = value
+        return out
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    header: bool = False
+    delimiter: str | None = None  # None: tab for tsv, comma for csv
+    block_size: int = 16 << 20
+
+    def parse_options(self, fmt: str) -> pacsv.ParseOptions:
+        quoted = fmt == "csv"
+        return pacsv.ParseOptions(
+            delimiter=self.delimiter or ("," if quoted else "\t"),
+            quote_char='"' if quoted else False,
+            double_quote=quoted,
+            escape_char=False,
+        )
+
+
+@dataclass
+class Batch:
+    """Columns of one record batch by role, with the 0-based data row index of its first row."""
+
+    columns: dict[str, pa.Array]
+    first_row: int
+    position: int  # bytes (text) or rows (parquet) of the input consumed so far
+
+    @property
+    def num_rows(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+
+@dataclass
+class BadColumnRows:
+    """Rows pyarrow's parser rejected for their column count (filled by its row handler)."""
+
+    skip: bool
+    count: int = 0
+    first_text: str | None = None
+    first_actual: int | None = None
+    expected: int | None = None
+    examples: list[str] = field(default_factory=list)
+
+    def handler(self, row: pacsv.InvalidRow) -> str:
+        self.count += 1
+        if self.first_text is None:
+            self.first_text = row.text
+            self.first_actual = row.actual_columns
+            self.expected = row.expected_columns
+        return "skip" if self.skip else "error"
+
+
+class InputFile:
+    """One edge input file, opened lazily; iterate :meth:`batches` to stream it."""
+
+    def __init__(
+        self,
+        path: Path,
+        fmt: str,
+        compression: str | None,
+        columns: ColumnSpec,
+        text: TextOptions,
+        *,
+        skip_bad_lines: bool,
+    ) -> None:
+        self.path = path
+        self.fmt = fmt
+        self.compression = compression
+        self.spec = columns
+        self.text = text
+        self.bad_columns = BadColumnRows(skip=skip_bad_lines)
+        if not path.exists():
+            raise InputError(f"{path}: input file not found")
+        if not path.is_file():
+            raise InputError(f"{path}: not a regular file")
+        self.size = path.stat().st_size
+        if self.size == 0:
+            raise InputError(f"{path}: empty input file (no edges)")
+        self.column_names: list[str] = []
+        self.selected: dict[str, str] = {}  # role -> column name in the file
+        self._resolve_columns()
+
+    # ---- opening
+    def _open_stream(self) -> tuple[pa.NativeFile, pa.NativeFile]:
+        raw = pa.OSFile(os.fspath(self.path), "rb")
+        if self.compression is None:
+            return raw, raw
+        return raw, pa.CompressedInputStream(raw, self.compression)
+
+    def _text_reader(
+        self, include: list[str] | None, block_size: int
+    ) -> tuple[pa.NativeFile, pacsv.CSVStreamingReader]:
+        raw, stream = self._open_stream()
+        read = pacsv.ReadOptions(
+            block_size=block_size,
+            use_threads=False,  # row numbers in parse errors need the serial reader
+            autogenerate_column_names=not self.text.header,
+        )
+        convert = pacsv.ConvertOptions(
+            check_utf8=False,  # validated vectorised later, to name the bad line
+            column_types={name: pa.string() for name in include or []},
+            include_columns=include or [],
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        )
+        parse = self.text.parse_options(self.fmt)
+        if include is not None:
+            parse.invalid_row_handler = self.bad_columns.handler
+        try:
+            reader = pacsv.open_csv(
+                stream, read_options=read, parse_options=parse, convert_options=convert
+            )
+        except pa.ArrowInvalid as exc:
+            raw.close()
+            if "Empty CSV file" in str(exc):
+                raise InputError(f"{self.path}: empty input file (no edges)") from None
+            raise self._arrow_error(exc) from None
+        except (OSError, pa.ArrowException) as exc:
+            raw.close()
+            raise self._arrow_error(exc) from None
+        return raw, reader
+
+    def _arrow_error(self, exc: BaseException) -> InputError:
+        what = f"{self.compression} " if self.compression else ""
+        return InputError(f"{self.path}: cannot read this {what}{self.fmt} file: {exc}")
+
+    def _resolve_columns(self) -> None:
+        if self.fmt == "parquet":
+            try:
+                self.column_names = list(pq.ParquetFile(self.path).schema_arrow.names)
+            except (OSError, pa.ArrowException) as exc:
+                raise self._arrow_error(exc) from None
+        else:
+            raw, reader = self._text_reader(None, 1 << 20)
+            try:
+                self.column_names = list(reader.schema.names)
+            finally:
+                raw.close()
+        first_line = 2 if self.text.header and self.fmt != "parquet" else 1
+        for role, col in self.spec.roles().items():
+            flag = f"--{role}-col"
+            if isinstance(col, int):
+                if not 0 <= col < len(self.column_names):
+                    where = f"{self.path}:{first_line}" if self.fmt != "parquet" else f"{self.path}"
+                    raise InputError(
+                        f"{where}: has {len(self.column_names)} column(s) but {flag} is {col} "
+                        f"(columns count from 0)"
+                    )
+                self.selected[role] = self.column_names[col]
+            else:
+                if self.fmt != "parquet" and not self.text.header:
+                    raise InputError(
+                        f"{self.path}: {flag} {col!r} names a column, which needs --header "
+                        f"(a first line with column names) or a column index"
+                    )
+                if col not in self.column_names:
+                    raise InputError(
+                        f"{self.path}: no column {col!r} for {flag} (columns: "
+                        f"{', '.join(self.column_names)})"
+                    )
+                self.selected[role] = col
+        seen: dict[str, str] = {}
+        for role, name in self.selected.items():
+            if name in seen:
+                raise InputError(
+                    f"{self.path}: --{role}-col and --{seen[name]}-col both select column {name!r}"
+                )
+            seen[name] = role
+
+    # ---- reading
+    def batches(self) -> Iterator[Batch]:
+        if self.fmt == "parquet":
+            yield from self._parquet_batches()
+        else:
+            yield from self._text_batches()
+
+    def _text_batches(self) -> Iterator[Batch]:
+        names = list(self.selected.values())
+        raw, reader = self._text_reader(names, self.text.block_size)
+        by_name = {name: role for role, name in self.selected.items()}
+        row = 0
+        try:
+            while True:
+                try:
+                    record = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except pa.ArrowInvalid as exc:
+                    if self.bad_columns.first_text is not None and not self.bad_columns.skip:
+                        raise BadColumnCount(self) from None
+                    raise self._arrow_error(exc) from None
+                except (OSError, pa.ArrowException) as exc:
+                    raise self._arrow_error(exc) from None
+                if record.num_rows == 0:
+                    continue
+                cols = {by_name[n]: record.column(n) for n in record.schema.names}
+                yield Batch(cols, row, raw.tell())
+                row += record.num_rows
+        finally:
+            raw.close()
+
+    def _parquet_batches(self) -> Iterator[Batch]:
+        try:
+            pf = pq.ParquetFile(self.path)
+            by_name = {name: role for role, name in self.selected.items()}
+            row = 0
+            for record in pf.iter_batches(batch_size=1 << 20, columns=list(by_name)):
+                if record.num_rows == 0:
+                    continue
+                cols = {by_name[n]: record.column(n) for n in record.schema.names}
+                row += record.num_rows
+                yield Batch(cols, row - record.num_rows, row)
+        except (OSError, pa.ArrowException) as exc:
+            raise self._arrow_error(exc) from None
+
+    def total_for_progress(self) -> int:
+        """Bytes of the file (text) or rows (Parquet): the unit of :attr:`Batch.position`."""
+        if self.fmt == "parquet":
+            return int(pq.ParquetFile(self.path).metadata.num_rows)
+        return self.size
+
+
+class BadColumnCount(Exception):
+    """Raised inside the reader when a row has the wrong column count (located by the caller)."""
+
+    def __init__(self, source: InputFile) -> None:
+        super().__init__(source.path)
+        self.source = source

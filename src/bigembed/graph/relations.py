@@ -1,0 +1,106 @@
+"""Relation names -> relation ids, in PBG's two modes.
+
+* non-dynamic: the names and ids come from the config (id = index in ``relations``); a name
+  in the data that the config does not list is a bad row;
+* dynamic: the names come from the data. Ids are provisional while reading (order of first
+  appearance) and become final in :meth:`RelationMapper.finish`: names sorted, those below
+  ``--relation-type-min-count`` dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bigembed.graph.dictionary import GrowingDictionary
+from bigembed.graph.validate import (
+    BAD_UTF8,
+    EMPTY_RELATION,
+    UNKNOWN_RELATION,
+    Problem,
+    check_names,
+)
+
+
+def _valid_utf8(values: pa.Array) -> np.ndarray:
+    try:
+        values.validate(full=True)
+        return np.ones(len(values), dtype=bool)
+    except pa.ArrowInvalid:
+        out = np.ones(len(values), dtype=bool)
+        for i, item in enumerate(values.view(pa.binary()).to_pylist()):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError:
+                out[i] = False
+        return out
+
+
+class RelationMapper:
+    """Maps a batch's relation column to int32 ids and counts edges per relation."""
+
+    def __init__(self, config_names: Sequence[str], *, dynamic: bool) -> None:
+        self.dynamic = dynamic
+        self.config_names = list(config_names)
+        self._index = {name: i for i, name in enumerate(self.config_names)}
+        self.dictionary = GrowingDictionary()
+        self.counts = np.zeros(len(config_names), dtype=np.int64)
+
+    def constant(self, n: int) -> np.ndarray:
+        """Ids when the input has no relation column: everything is relation 0."""
+        if self.dynamic and len(self.dictionary) == 0:
+            self.dictionary.encode(pa.array(self.config_names[:1], pa.string()))
+        return np.zeros(n, dtype=np.int32)
+
+    def map(self, column: pa.Array) -> tuple[np.ndarray, list[Problem]]:
+        values, problems = check_names(column, EMPTY_RELATION)
+        encoded = pc.dictionary_encode(values)
+        local = encoded.dictionary
+        indices = encoded.indices.to_numpy()
+        lengths = pc.binary_length(local).to_numpy()
+        good = (lengths > 0) & _valid_utf8(local)
+        local_ids = np.full(len(local), -1, dtype=np.int32)
+        if self.dynamic:
+            if good.any():
+                local_ids[good] = self.dictionary.encode(local.filter(pa.array(good)))
+        else:
+            names = local.view(pa.binary()).to_pylist()
+            for i, raw in enumerate(names):
+                if good[i]:
+                    local_ids[i] = self._index.get(raw.decode("utf-8"), -1)
+            unknown_local = good & (local_ids < 0)
+            if unknown_local.any():
+                mask = unknown_local[indices]
+                rows = np.flatnonzero(mask)[:5]
+                detail = {
+                    int(r): f"{names[indices[r]].decode('utf-8')!r} is not in the config's "
+                    f"relations"
+                    for r in rows
+                }
+                problems.append(Problem(mask, UNKNOWN_RELATION, detail))
+        ids = local_ids[indices]
+        if not all(p.reason in (EMPTY_RELATION, BAD_UTF8, UNKNOWN_RELATION) for p in problems):
+            raise AssertionError("unexpected relation problem")
+        return ids, problems
+
+    def add_counts(self, ids: np.ndarray) -> None:
+        size = max(len(self.counts), len(self.dictionary))
+        counts = np.bincount(ids, minlength=size)
+        if len(self.counts) < size:
+            self.counts = np.concatenate([self.counts, np.zeros(size - len(self.counts), np.int64)])
+        self.counts += counts
+
+    def finish(self, min_count: int) -> tuple[list[str], np.ndarray, list[str]]:
+        """(final names, provisional id -> final id or -1, dropped names)."""
+        if not self.dynamic:
+            return self.config_names, np.arange(len(self.config_names), dtype=np.int32), []
+        names = self.dictionary.values.to_pylist()
+        counts = self.counts[: len(names)]
+        kept = [i for i in sorted(range(len(names)), key=lambda i: names[i]) if counts[i] >= min_count]
+        dropped = sorted(names[i] for i in range(len(names)) if counts[i] < min_count)
+        remap = np.full(len(names), -1, dtype=np.int32)
+        remap[np.array(kept, dtype=np.int64)] = np.arange(len(kept), dtype=np.int32)
+        return [names[i] for i in kept], remap, dropped

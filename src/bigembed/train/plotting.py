@@ -1,0 +1,55 @@
+"""Training curves (loss per step, eval metrics before/after) drawn with matplotlib."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from bigembed.atomic import atomic_write_bytes
+
+
+def plot_training(records: list[dict[str, Any]], output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r for r in records if r.get("type") == "step"]
+    buckets = [r for r in records if r.get("type") == "bucket"]
+    has_eval = any("eval_stats_after" in r for r in steps)
+    fig, axes = plt.subplots(1, 2 if has_eval else 1, figsize=(12 if has_eval else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    if buckets:
+        ax.plot(range(1, len(buckets) + 1), [b["stats"]["loss"] for b in buckets], lw=0.8,
+                alpha=0.5, label="per bucket")
+    if steps:
+        per_step_x = []
+        n = 0
+        for s in steps:
+            n += sum(1 for b in buckets if b["version"] == s["version"])
+            per_step_x.append(n if buckets else s["version"])
+        ax.plot(per_step_x, [s["stats"]["loss"] for s in steps], "o-", label="per step")
+    ax.set_xlabel("bucket trained" if buckets else "step")
+    ax.set_ylabel("training loss per edge")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if has_eval:
+        ax = axes[0][1]
+        xs = [s["version"] for s in steps if "eval_stats_after" in s]
+        for key in ("mrr", "hits@1", "hits@10"):
+            ax.plot(xs, [s["eval_stats_after"][key] for s in steps if "eval_stats_after" in s],
+                    "o-", label=f"{key} after")
+        ax.plot(xs, [s["eval_stats_before"]["mrr"] for s in steps if "eval_stats_before" in s],
+                "x--", label="mrr before")
+        ax.set_xlabel("step (checkpoint version)")
+        ax.set_title("Withheld-edge eval")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(output, buf.getvalue())

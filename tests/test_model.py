@@ -1,0 +1,136 @@
+"""Model pieces on fixed tensors: losses (PBG's reference values), operators, comparators."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bigembed.model.comparators import make_comparator
+from bigembed.model.losses import logistic_loss, ranking_loss, softmax_loss
+from bigembed.model.negatives import MASKED, batch_negative_scores, shared_negative_scores
+from bigembed.model.operators import OPERATORS, make_operator
+
+POS = torch.tensor([0.8181, 0.5700, 0.3506])
+NEG = torch.tensor(
+    [
+        [0.4437, 0.6573, 0.9986, 0.2548, 0.0998],
+        [0.6175, 0.4061, 0.4582, 0.5382, 0.3126],
+        [0.9869, 0.2028, 0.1667, 0.0044, 0.9934],
+    ]
+)
+W = torch.tensor([0.2, 0.4, 0.0])
+
+
+def test_loss_reference_values() -> None:
+    assert float(logistic_loss(POS, NEG, None)) == pytest.approx(4.2589, abs=1e-4)
+    assert float(ranking_loss(POS, NEG, None, 1.0)) == pytest.approx(13.4475, abs=1e-4)
+    assert float(softmax_loss(POS, NEG, None)) == pytest.approx(5.2513, abs=1e-4)
+    assert float(logistic_loss(POS, NEG, W)) == pytest.approx(0.8302, abs=1e-4)
+    assert float(ranking_loss(POS, NEG, W, 1.0)) == pytest.approx(2.4658, abs=1e-4)
+    assert float(softmax_loss(POS, NEG, W)) == pytest.approx(0.9978, abs=1e-4)
+
+
+def test_loss_edge_cases() -> None:
+    zeros = torch.zeros(3)
+    assert float(logistic_loss(zeros, torch.empty(3, 0), None)) == pytest.approx(3 * math.log(2))
+    empty = torch.empty(0)
+    for loss in (logistic_loss, softmax_loss):
+        assert float(loss(empty, torch.empty(0, 5), None)) == 0.0
+    assert float(ranking_loss(empty, torch.empty(0, 5), None, 0.1)) == 0.0
+    big = torch.tensor([1e9, -1e9])
+    neg = torch.tensor([[-1e9], [1e9]])
+    for loss in (logistic_loss, softmax_loss):
+        assert torch.isfinite(loss(big, neg, None))
+
+
+def test_softmax_gradient_matches_autograd_reference() -> None:
+    pos = torch.randn(6, requires_grad=True)
+    neg = torch.randn(6, 4, requires_grad=True)
+    softmax_loss(pos, neg, W.repeat(2)).backward()
+    got = pos.grad.clone(), neg.grad.clone()
+    pos.grad = neg.grad = None
+    ref = (torch.logsumexp(torch.cat((pos[:, None], neg), 1), 1) - pos) * W.repeat(2)
+    ref.sum().backward()
+    assert torch.allclose(got[0], pos.grad) and torch.allclose(got[1], neg.grad)
+
+
+def test_operators_on_fixed_tensors() -> None:
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    op = make_operator("translation", 4)
+    op.translation.data = torch.tensor([1.0, 0.0, -1.0, 0.5])
+    assert op(x).tolist() == [[2.0, 2.0, 2.0, 4.5]]
+    op = make_operator("diagonal", 4)
+    op.diagonal.data = torch.tensor([2.0, 0.0, 1.0, -1.0])
+    assert op(x).tolist() == [[2.0, 0.0, 3.0, -4.0]]
+    op = make_operator("linear", 4)
+    op.linear_transformation.data = torch.arange(16.0).view(4, 4)
+    assert torch.allclose(op(x), x @ torch.arange(16.0).view(4, 4).t())
+    op = make_operator("affine", 4)
+    assert torch.allclose(op(x), x)  # identity init
+    op = make_operator("complex_diagonal", 4)
+    op.real.data = torch.tensor([0.0, 1.0])
+    op.imag.data = torch.tensor([1.0, 0.0])
+    # (1 + 3i) * i = -3 + i ; (2 + 4i) * 1 = 2 + 4i  -> [re | im] = [-3, 2 | 1, 4]
+    assert op(x).tolist() == [[-3.0, 2.0, 1.0, 4.0]]
+    assert make_operator("none", 4)(x) is x
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_dynamic_operator_rows_match_standard(name: str) -> None:
+    torch.manual_seed(0)
+    dyn = make_operator(name, 4, num_relations=3)
+    for p in dyn.parameters():
+        p.data.normal_()
+    x = torch.randn(5, 4)
+    rel = torch.tensor([0, 2, 1, 2, 0])
+    out = dyn(x, rel)
+    for k in range(5):
+        std = make_operator(name, 4)
+        for (_, ps), (_, pd) in zip(std.named_parameters(), dyn.named_parameters(), strict=True):
+            ps.data = pd.data[rel[k]].clone()
+        assert torch.allclose(out[k], std(x[k : k + 1])[0], atol=1e-6)
+
+
+def test_comparators_on_fixed_tensors() -> None:
+    a = torch.tensor([[[1.0, 0.0, 2.0]]])  # (1, 1, 3)
+    b = torch.tensor([[[1.0, 1.0, 0.0], [0.0, 0.0, -1.0]]])  # (1, 2, 3)
+    dot = make_comparator("dot")
+    assert dot.neg(a, b).tolist() == [[[1.0, -2.0]]]
+    assert dot.pos(a[0], b[0, :1]).tolist() == [1.0]
+    cos = make_comparator("cos")
+    got = cos.neg(cos.prepare(a), cos.prepare(b))
+    assert torch.allclose(got, torch.tensor([[[1 / math.sqrt(10), -2 / math.sqrt(5)]]]))
+    sq = make_comparator("squared_l2")
+    assert torch.allclose(sq.neg(a, b), torch.tensor([[[-5.0, -10.0]]]))
+    l2 = make_comparator("l2")
+    assert torch.allclose(l2.neg(a, b), torch.tensor([[[-math.sqrt(5), -math.sqrt(10)]]]))
+    assert torch.allclose(l2.pos(a[0], b[0, :1]), torch.tensor([-math.sqrt(5)]))
+    biased = make_comparator("dot", bias=True)
+    # bias: coordinate 0 of each side is added, the rest is compared
+    assert biased.neg(a, b).tolist() == [[[2.0, -1.0]]]
+    assert biased.pos(a[0], b[0, :1]).tolist() == [2.0]
+
+
+def test_batch_negatives_mask_self_and_padding() -> None:
+    cmp = make_comparator("dot")
+    anchors = torch.randn(5, 3)
+    src = torch.randn(5, 3)
+    scores = batch_negative_scores(cmp, anchors, src, 2, torch.float32)
+    assert scores.shape == (5, 2)
+    # rows 0,1 form chunk 0: row 0's column 0 is itself (masked), column 1 is src[1]
+    assert scores[0, 0] == MASKED and scores[1, 1] == MASKED
+    assert torch.isclose(scores[0, 1], anchors[0] @ src[1])
+    # the last chunk holds only row 4: its column 1 is padding
+    assert scores[4, 0] == MASKED and scores[4, 1] == MASKED
+
+
+def test_shared_negatives_groups() -> None:
+    cmp = make_comparator("dot")
+    anchors = torch.randn(5, 3)
+    negs = torch.randn(3, 4, 3)  # 3 groups of 2 anchors (last one padded)
+    scores = shared_negative_scores(cmp, anchors, negs, 2, torch.float32)
+    assert scores.shape == (5, 4)
+    assert torch.allclose(scores[3], negs[1] @ anchors[3])
+    assert torch.allclose(scores[4], negs[2] @ anchors[4])

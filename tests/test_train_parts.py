@@ -1,0 +1,123 @@
+"""Training parts in isolation: bucket orders, batching, row Adagrad, eval split, iteration order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from bigembed.train.batching import make_batches
+from bigembed.train.bucket_order import bucket_order
+from bigembed.train.evaluation import split_eval
+from bigembed.train.loop import iterations
+from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
+
+SHAPES = [(4, 4), (3, 5), (6, 1), (1, 6), (1, 1)]
+
+
+@pytest.mark.parametrize("order", ["random", "affinity", "inside_out", "outside_in"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_bucket_exactly_once(order: str, shape: tuple[int, int]) -> None:
+    nl, nr = shape
+    got = bucket_order(order, nl, nr, random.Random(7))
+    assert sorted(got) == [(i, j) for i in range(nl) for j in range(nr)]
+
+
+def test_layer_orders() -> None:
+    for seed in range(5):
+        inside = bucket_order("inside_out", 4, 4, random.Random(seed))
+        outside = bucket_order("outside_in", 4, 4, random.Random(seed))
+        assert [min(b) for b in inside] == sorted((min(b) for b in inside), reverse=True)
+        assert [min(b) for b in outside] == sorted(min(b) for b in outside)
+        # a bucket and its transpose are neighbours
+        for order in (inside, outside):
+            for k, (i, j) in enumerate(order):
+                if i != j:
+                    pos = order.index((j, i))
+                    assert abs(pos - k) == 1
+
+
+def test_bucket_order_reproducible() -> None:
+    a = bucket_order("random", 4, 4, random.Random(3))
+    b = bucket_order("random", 4, 4, random.Random(3))
+    assert a == b
+
+
+def test_affinity_prefers_shared_partitions() -> None:
+    order = bucket_order("affinity", 4, 4, random.Random(1))
+    for prev, nxt in zip(order, order[1:], strict=False):
+        assert set(prev) & set(nxt) or True  # always possible until the end, checked below
+    shared = sum(bool(set(p) & set(n)) for p, n in zip(order, order[1:], strict=False))
+    assert shared >= len(order) - 3
+
+
+def test_relation_grouped_batches_cover_input() -> None:
+    n = 1000
+    gen = torch.Generator().manual_seed(0)
+    rel = torch.randint(3, (n,), generator=gen)
+    lhs = torch.arange(n)
+    batches = list(make_batches(lhs, lhs.clone(), rel, None, 64, False, np.random.default_rng(0)))
+    seen = torch.cat([b.lhs for b in batches])
+    assert sorted(seen.tolist()) == list(range(n))
+    for b in batches:
+        assert len(b) <= 64
+        assert set(b.rel.tolist()) == {b.relation_idx}
+
+
+def test_dynamic_batches_are_contiguous() -> None:
+    lhs = torch.arange(10)
+    batches = list(make_batches(lhs, lhs, lhs % 3, None, 4, True, np.random.default_rng(0)))
+    assert [b.lhs.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_row_adagrad_matches_reference() -> None:
+    torch.manual_seed(0)
+    table = torch.randn(6, 4)
+    state = torch.zeros(6)
+    ref_table, ref_state = table.clone(), state.clone()
+    idx1, g1 = torch.tensor([0, 2, 2]), torch.randn(3, 4)
+    idx2, g2 = torch.tensor([2, 5]), torch.randn(2, 4)
+    touched = row_adagrad_update(table, state, [(idx1, g1), (idx2, g2)], lr=0.1)
+    assert touched == 3
+    dense = torch.zeros(6, 4)
+    dense.index_add_(0, torch.cat([idx1, idx2]), torch.cat([g1, g2]))
+    for r in (0, 2, 5):
+        ref_state[r] += dense[r].pow(2).mean()
+        ref_table[r] -= 0.1 * dense[r] / (ref_state[r].sqrt() + 1e-10)
+    assert torch.allclose(table, ref_table) and torch.allclose(state, ref_state)
+    untouched = [1, 3, 4]
+    assert torch.equal(state[untouched], torch.zeros(3))
+
+
+def test_dense_adagrad_matches_torch() -> None:
+    torch.manual_seed(0)
+    p1 = torch.nn.Parameter(torch.randn(5))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    opt = torch.optim.Adagrad([p2], lr=0.05, eps=1e-10)
+    state = torch.zeros(5)
+    for _ in range(4):
+        g = torch.randn(5)
+        p1.grad = g.clone()
+        p2.grad = g.clone()
+        dense_adagrad_update([p1], [state], 0.05)
+        opt.step()
+    assert torch.allclose(p1, p2, atol=1e-6)
+
+
+def test_eval_split_is_stable_and_disjoint() -> None:
+    e1, t1 = split_eval(1000, 0.05, seed=11)
+    e2, _ = split_eval(1000, 0.05, seed=11)
+    assert torch.equal(e1, e2) and e1.numel() == 50
+    assert set(e1.tolist()).isdisjoint(t1.tolist())
+    assert e1.numel() + t1.numel() == 1000
+    assert split_eval(1000, 0.0, seed=1)[0].numel() == 0
+
+
+def test_iteration_order_and_resume() -> None:
+    its = list(iterations(2, 3, 2))
+    assert len(its) == 12
+    assert [(i.epoch, i.edge_path_idx, i.chunk) for i in its[:4]] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    resumed = list(iterations(2, 3, 2, start=7))
+    assert resumed == its[7:]
