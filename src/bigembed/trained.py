@@ -37,12 +37,13 @@ class TrainedModel:
         return self.config.entities[entity_type].num_partitions
 
     def embeddings(self, entity_type: str, part: int) -> torch.Tensor:
-        """Stored embeddings of one partition (read-only, memory-mapped; no global embedding)."""
+        """Stored embeddings of one partition (memory-mapped; without the global embedding)."""
         path = self.store.embeddings_path(entity_type, part, self.version)
         if not path.exists():
             raise CheckpointError(f"{path}: missing (incomplete checkpoint?)")
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-        return torch.from_numpy(np.asarray(array))
+        # copy-on-write map: nothing is read until used, and writes never reach the file
+        array = np.load(path, mmap_mode="c", allow_pickle=False)
+        return torch.from_numpy(array)
 
     @cached_property
     def partition_bases(self) -> dict[str, np.ndarray]:

@@ -121,9 +121,9 @@ class CheckpointStore:
         """Read a partition straight into preallocated (possibly shared-memory) tensors."""
         epath = self.embeddings_path(etype, part, version)
         try:
-            emb = np.load(epath, mmap_mode="r", allow_pickle=False)
+            emb = np.load(epath, mmap_mode="c", allow_pickle=False)
             state_path = self.optimizer_path(etype, part, version)
-            state = np.load(state_path, mmap_mode="r", allow_pickle=False) if state_path.exists() else None
+            state = np.load(state_path, mmap_mode="c", allow_pickle=False) if state_path.exists() else None
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{epath}: cannot read partition: {exc}") from None
         if tuple(emb.shape) != tuple(out_emb.shape):
@@ -131,9 +131,9 @@ class CheckpointStore:
                 f"{epath}: shape {tuple(emb.shape)} does not match the entity count and dimension "
                 f"{tuple(out_emb.shape)} (was the graph re-imported or the dimension changed?)"
             )
-        out_emb.copy_(torch.from_numpy(np.ascontiguousarray(emb)))
+        out_emb.copy_(torch.from_numpy(emb))
         if state is not None and state.shape == (out_emb.shape[0],):
-            out_state.copy_(torch.from_numpy(np.ascontiguousarray(state)))
+            out_state.copy_(torch.from_numpy(state))
         else:
             out_state.zero_()
 

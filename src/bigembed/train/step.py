@@ -119,11 +119,11 @@ class BatchTrainer:
 
         def updates(side: SideEmbeddings, uidx: Tensor | None) -> list[tuple[Tensor, Tensor]]:
             out = [(side.pos_idx, side.pos.grad)]
-            if side.uniform is not None and uidx is not None:
+            if side.uniform is not None and uidx is not None and side.uniform.grad is not None:
                 out.append((uidx, side.uniform.grad.view(uidx.shape[0], -1)))
-            if side.all is not None:
+            if side.all is not None and side.all.grad is not None:
                 out.append((torch.arange(side.all.shape[0]), side.all.grad))
-            return out
+            return [(i, g) for i, g in out if g is not None]
 
         with torch.no_grad():
             lhs_updates = updates(lhs_side, lhs_uidx)

@@ -1,0 +1,135 @@
+"""Pass 3 of the import: turn the spilled runs of one input into the buckets of its edge path.
+
+Each run is loaded whole (its size is bounded; an oversized run is first split at random
+into smaller ones), its codes are mapped to (partition, offset) with numpy takes, the run is
+shuffled, grouped by bucket (stable radix sort on the bucket id) and each bucket's slice is
+appended to that bucket's ``.npy`` columns. Random runs + in-run shuffle = a uniformly
+random order inside every bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bigembed.graph.format import bucket_dir
+from bigembed.graph.npyfile import AppendableNpy
+from bigembed.graph.runs import RunFiles
+
+SPLIT_SLACK = 1.5
+
+
+@dataclass
+class SideMap:
+    """Entity code (type, shard, index) -> (partition, offset) for one side."""
+
+    shard_base: np.ndarray  # int64 [num_types * 256]: first global id of (type, shard)
+    part_of: np.ndarray  # int32 per global id, -1 = dropped by min-count
+    offset_of: np.ndarray  # int64 per global id
+    type_of_rel: np.ndarray | None  # per final relation id, None = single type (index 0)
+
+    def map(self, shard: np.ndarray, index: np.ndarray, rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        key = shard.astype(np.int64)
+        if self.type_of_rel is not None:
+            key += self.type_of_rel[rel].astype(np.int64) * 256
+        ids = self.shard_base[key] + index
+        return self.part_of[ids], self.offset_of[ids]
+
+
+class BucketWriter:
+    """Appends edges to the bucket files of one edge store under construction."""
+
+    def __init__(self, directory: Path, lhs_parts: int, rhs_parts: int, dtypes: dict[str, np.dtype], has_weights: bool) -> None:
+        self.directory = directory
+        self.shape = (lhs_parts, rhs_parts)
+        self.dtypes = dtypes
+        self.columns = ["lhs", "rhs", "rel"] + (["weight"] if has_weights else [])
+        self.files: dict[int, dict[str, AppendableNpy]] = {}
+        self.counts = np.zeros(lhs_parts * rhs_parts, dtype=np.int64)
+
+    def append(self, bucket: int, columns: dict[str, np.ndarray]) -> None:
+        files = self.files.get(bucket)
+        if files is None:
+            i, j = divmod(bucket, self.shape[1])
+            path = self.directory / bucket_dir(i, j)
+            path.mkdir()
+            files = {c: AppendableNpy(path / f"{c}.npy", self.dtypes[c]) for c in self.columns}
+            self.files[bucket] = files
+        for c in self.columns:
+            files[c].append(columns[c])
+        self.counts[bucket] += len(columns["lhs"])
+
+    def finish(self) -> np.ndarray:
+        for files in self.files.values():
+            for f in files.values():
+                f.finish()
+        return self.counts.reshape(self.shape)
+
+
+@dataclass
+class RunProcessor:
+    lhs: SideMap
+    rhs: SideMap
+    rel_remap: np.ndarray | None  # provisional -> final relation id (-1 = dropped)
+    writer: BucketWriter
+    run_edges: int
+    seed: int
+    dropped: int = 0
+
+    def process_all(self, runs: RunFiles, index: int, progress) -> None:
+        for run in range(runs.num_runs):
+            self._process(runs, run, (index, run), progress)
+            runs.remove(run)
+
+    def _process(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
+        size = int(runs.sizes[run])
+        if size == 0:
+            return
+        if size > SPLIT_SLACK * self.run_edges:
+            self._split(runs, run, path, progress)
+            return
+        cols = runs.read(run)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 2, *path]))
+        rel = cols["rel"]
+        if self.rel_remap is not None:
+            rel = self.rel_remap[rel]
+        lp, lo = self.lhs.map(cols["ls"], cols["li"], np.maximum(rel, 0))
+        rp, ro = self.rhs.map(cols["rs"], cols["ri"], np.maximum(rel, 0))
+        keep = (lp >= 0) & (rp >= 0) & (rel >= 0)
+        weight = cols.get("w")
+        if not keep.all():
+            self.dropped += int((~keep).sum())
+            lp, lo, rp, ro, rel = lp[keep], lo[keep], rp[keep], ro[keep], rel[keep]
+            weight = weight[keep] if weight is not None else None
+        n = len(lp)
+        nb = self.writer.counts.size
+        bucket = lp.astype(np.int64) * self.writer.shape[1] + rp
+        bucket = bucket.astype(np.uint16 if nb <= 1 << 16 else np.int64)
+        perm = rng.permutation(n)
+        order = perm[np.argsort(bucket[perm], kind="stable")]
+        bounds = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(np.bincount(bucket, minlength=nb), out=bounds[1:])
+        out = {"lhs": lo[order], "rhs": ro[order], "rel": rel[order]}
+        if weight is not None:
+            out["weight"] = weight[order]
+        for b in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+            s, e = bounds[b], bounds[b + 1]
+            self.writer.append(b, {c: v[s:e] for c, v in out.items()})
+        progress.update(size)
+
+    def _split(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
+        """Scatter an oversized run into random sub-runs of about ``run_edges`` each."""
+        size = int(runs.sizes[run])
+        parts = math.ceil(size / self.run_edges)
+        sub = RunFiles(runs.directory / f"split_{'_'.join(map(str, path))}", parts, has_weights="w" in runs.columns)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 3, *path]))
+        for start in range(0, size, self.run_edges):
+            cols = runs.read(run, start, self.run_edges)
+            sub.append(cols, rng.integers(0, parts, len(cols["li"]), dtype=np.uint16))
+        runs.remove(run)
+        for r in range(parts):
+            self._process(sub, r, (*path, r), progress)
+            sub.remove(r)

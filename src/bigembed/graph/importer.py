@@ -1,0 +1,337 @@
+"""``bigembed import``: edge lists (TSV/CSV/Parquet) -> entity store + bucketed edge stores.
+
+Pass 1 (:mod:`collect`) reads each input once and spills integer codes; then relations and
+entities are finalised (min-counts, seeded partition assignment, entity files); pass 3
+(:mod:`bucketing`) turns each input's spill into its shuffled buckets. Everything is built in
+temporary places and published together (:mod:`publish`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from bigembed.errors import ConfigError, InputError
+from bigembed.graph.bucketing import BucketWriter, RunProcessor, SideMap
+from bigembed.graph.collect import BadRow, Collector, FileStats, SideTypes
+from bigembed.graph.dictionary import NUM_SHARDS
+from bigembed.graph.edges import write_edge_manifest
+from bigembed.graph.entities import write_entity_store
+from bigembed.graph.format import index_dtype
+from bigembed.graph.inputs import BadColumnCount, ColumnSpec, InputFile, TextOptions, detect_format
+from bigembed.graph.locate import first_wrong_width, lines_of_rows, location
+from bigembed.graph.partitioning import Assignment, assign_partitions
+from bigembed.graph.publish import Publisher
+from bigembed.graph.relations import RelationMapper
+from bigembed.graph.runs import RunFiles
+from bigembed.graph.validate import WRONG_WIDTH
+
+if TYPE_CHECKING:
+    from bigembed.config import ConfigSchema
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportOptions:
+    inputs: list[Path]
+    format: str | None = None
+    columns: ColumnSpec = field(default_factory=ColumnSpec)
+    text: TextOptions = field(default_factory=TextOptions)
+    entity_min_count: int = 1
+    relation_type_min_count: int = 1
+    skip_bad_lines: bool = False
+    force: bool = False
+    progress: bool = True
+    buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
+    run_edges: int = 4_000_000  # edges shuffled in memory at once in the bucketing pass
+
+
+@dataclass
+class InputReport:
+    path: Path
+    edge_path: Path
+    edges: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    dropped_min_count: int = 0
+
+
+@dataclass
+class ImportSummary:
+    entities: dict[str, int]
+    relations: int
+    inputs: list[InputReport]
+    dropped_entities: dict[str, int]
+    dropped_relations: list[str]
+    seconds: float
+
+    @property
+    def total_edges(self) -> int:
+        return sum(r.edges for r in self.inputs)
+
+    def format(self) -> str:
+        lines = ["import summary:"]
+        for etype, count in self.entities.items():
+            extra = f" ({self.dropped_entities[etype]:,} dropped by --entity-min-count)" if self.dropped_entities.get(etype) else ""
+            lines.append(f"  entities {etype}: {count:,}{extra}")
+        extra = f" ({len(self.dropped_relations)} dropped by --relation-type-min-count)" if self.dropped_relations else ""
+        lines.append(f"  relation types: {self.relations:,}{extra}")
+        for r in self.inputs:
+            lines.append(f"  edges {r.edge_path}: {r.edges:,} (from {r.path})")
+            if r.dropped_min_count:
+                lines.append(f"    {r.dropped_min_count:,} edges dropped: their entity or relation is below a min-count")
+            for why, count in sorted(r.skipped.items()):
+                lines.append(f"    skipped {count:,} bad lines: {why}")
+            for example in r.examples:
+                lines.append(f"      e.g. {example}")
+        rate = self.total_edges / self.seconds if self.seconds > 0 else 0.0
+        lines.append(f"  {self.total_edges:,} edges in {self.seconds:.1f} s ({rate:,.0f} edges/s)")
+        return "\n".join(lines)
+
+
+def _side_types(cfg: ConfigSchema, type_index: dict[str, int], side: str) -> SideTypes:
+    types = [type_index[getattr(r, side)] for r in cfg.relations]
+    if cfg.dynamic_relations or len(set(types)) == 1:
+        return SideTypes(constant=types[0])
+    return SideTypes(constant=None, by_relation=np.array(types, dtype=np.int32))
+
+
+def _bad_row_error(exc: BadRow) -> InputError:
+    source = exc.source
+    return InputError(f"{location(source, exc.row)}: {exc.why}")
+
+
+def _bad_width_error(source: InputFile) -> InputError:
+    found = first_wrong_width(source)
+    if found is None:
+        return InputError(f"{source.path}: {WRONG_WIDTH}: {source.bad_columns.first_text!r}")
+    line, width, expected = found
+    return InputError(f"{source.path}:{line}: {WRONG_WIDTH}: expected {expected}, got {width}")
+
+
+class Importer:
+    """One import run; see :func:`run_import`."""
+
+    def __init__(self, cfg: ConfigSchema, options: ImportOptions) -> None:
+        self.cfg = cfg
+        self.opt = options
+        if len(options.inputs) != len(cfg.edge_paths):
+            raise InputError(
+                f"got {len(options.inputs)} input file(s) but the config has "
+                f"{len(cfg.edge_paths)} edge_paths: give one input per edge path, in order "
+                f"({', '.join(cfg.edge_paths)})"
+            )
+        if options.columns.rel is None and len(cfg.relations) != 1:
+            raise InputError(
+                f"no relation column (--rel-col) but the config has {len(cfg.relations)} "
+                f"relations; give --rel-col or configure a single relation"
+            )
+        self.entity_path = Path(cfg.entity_path)
+        self.edge_paths = [Path(p) for p in cfg.edge_paths]
+        resolved = [p.resolve() for p in self.edge_paths]
+        if len(set(resolved)) != len(resolved):
+            raise ConfigError("edge_paths: the same directory appears twice")
+        if self.entity_path.resolve() in resolved:
+            raise ConfigError("edge_paths: an edge path must differ from entity_path")
+        self.type_names = list(cfg.entities)
+        self.type_index = {t: i for i, t in enumerate(self.type_names)}
+
+    def run(self) -> ImportSummary:
+        start = time.monotonic()
+        sources = []
+        for path in self.opt.inputs:
+            fmt, compression = detect_format(path, self.opt.format)
+            sources.append(
+                InputFile(path, fmt, compression, self.opt.columns, self.opt.text, skip_bad_lines=self.opt.skip_bad_lines)
+            )
+        publisher = Publisher(self.entity_path, self.edge_paths, force=self.opt.force)
+        publisher.check()
+        try:
+            work = publisher.begin()
+            summary = self._run(sources, work, publisher)
+            publisher.publish()
+        except BaseException:
+            publisher.abort()
+            raise
+        summary.seconds = time.monotonic() - start
+        return summary
+
+    def _run(self, sources: list[InputFile], work: Path, publisher: Publisher) -> ImportSummary:
+        cfg, opt = self.cfg, self.opt
+        relations = RelationMapper([r.name for r in cfg.relations], dynamic=cfg.dynamic_relations)
+        lhs_side = _side_types(cfg, self.type_index, "lhs")
+        rhs_side = _side_types(cfg, self.type_index, "rhs")
+        collector = Collector(
+            num_types=len(self.type_names),
+            lhs=lhs_side,
+            rhs=rhs_side,
+            relations=relations,
+            count_entities=opt.entity_min_count > 1,
+            skip_bad_lines=opt.skip_bad_lines,
+            seed=cfg.seed,
+            buffer_edges=opt.buffer_edges,
+            run_edges=opt.run_edges,
+        )
+        reports = [InputReport(s.path, e) for s, e in zip(sources, self.edge_paths, strict=True)]
+        all_runs: list[RunFiles] = []
+        for k, source in enumerate(sources):
+            unit = "rows" if source.fmt == "parquet" else "B"
+            with tqdm(
+                total=source.total_for_progress(), unit=unit, unit_scale=True, disable=not opt.progress,
+                desc=f"read {source.path.name}", leave=False,
+            ) as bar:
+                try:
+                    runs, stats = collector.collect(source, k, work / "spill" / str(k), bar)
+                except BadRow as exc:
+                    raise _bad_row_error(exc) from None
+                except BadColumnCount:
+                    raise _bad_width_error(source) from None
+            all_runs.append(runs)
+            self._report_file(source, stats, reports[k])
+
+        rel_names, rel_remap, dropped_rels = relations.finish(opt.relation_type_min_count)
+        if not rel_names:
+            raise InputError(
+                f"no relation type has at least --relation-type-min-count={opt.relation_type_min_count} edges"
+            )
+        if opt.relation_type_min_count > 1 and not cfg.dynamic_relations:
+            logger.warning("--relation-type-min-count applies to dynamic relations only; ignored")
+        if dropped_rels and opt.entity_min_count > 1:
+            self._recount(collector, all_runs, rel_remap)
+
+        assignments: dict[str, Assignment] = {}
+        dropped_entities: dict[str, int] = {}
+        for t, etype in enumerate(self.type_names):
+            dictionary = collector.dictionaries[t]
+            keep = None
+            if opt.entity_min_count > 1:
+                keep = dictionary.all_counts() >= opt.entity_min_count
+                dropped_entities[etype] = int((~keep).sum())
+            assignments[etype] = assign_partitions(
+                dictionary.names(), keep, cfg.entities[etype].num_partitions, cfg.seed, etype
+            )
+            collector.dictionaries[t] = type(dictionary)(count=False)  # free the shards
+            assignments[etype].shard_base = dictionary.bases()  # type: ignore[attr-defined]
+        write_entity_store(
+            work / "entities",
+            names={etype: a.names for etype, a in assignments.items()},
+            relation_names=rel_names,
+            dynamic_relations=cfg.dynamic_relations,
+            seed=cfg.seed,
+        )
+
+        lhs_map = self._side_map(assignments, lhs_side, rel_names, "lhs")
+        rhs_map = self._side_map(assignments, rhs_side, rel_names, "rhs")
+        lhs_parts = max(cfg.entities[getattr(r, "lhs")].num_partitions for r in cfg.relations)
+        rhs_parts = max(cfg.entities[getattr(r, "rhs")].num_partitions for r in cfg.relations)
+        max_count = max([max(a.counts, default=0) for a in assignments.values()], default=0)
+        dtypes = {
+            "lhs": index_dtype(max_count),
+            "rhs": index_dtype(max_count),
+            "rel": index_dtype(len(rel_names)),
+            "weight": np.dtype(np.float32),
+        }
+        has_weights = opt.columns.weight is not None
+        identity = cfg.dynamic_relations is False
+        for k, runs in enumerate(all_runs):
+            staging = publisher.edge_staging[k]
+            writer = BucketWriter(staging, lhs_parts, rhs_parts, dtypes, has_weights)
+            processor = RunProcessor(
+                lhs=lhs_map, rhs=rhs_map, rel_remap=None if identity else rel_remap,
+                writer=writer, run_edges=opt.run_edges, seed=cfg.seed,
+            )
+            with tqdm(
+                total=int(runs.sizes.sum()), unit="edges", unit_scale=True, disable=not opt.progress,
+                desc=f"bucket {self.edge_paths[k].name}", leave=False,
+            ) as bar:
+                processor.process_all(runs, k, bar)
+            counts = writer.finish()
+            write_edge_manifest(
+                staging, bucket_counts=counts, dtypes=dtypes if has_weights else {c: d for c, d in dtypes.items() if c != "weight"},
+                has_weights=has_weights,
+                extra={"seed": cfg.seed, "source": str(sources[k].path), "shuffled": True},
+            )
+            reports[k].edges = int(counts.sum())
+            reports[k].dropped_min_count = processor.dropped
+
+        return ImportSummary(
+            entities={etype: sum(a.counts) for etype, a in assignments.items()},
+            relations=len(rel_names),
+            inputs=reports,
+            dropped_entities=dropped_entities,
+            dropped_relations=dropped_rels,
+            seconds=0.0,
+        )
+
+    def _side_map(self, assignments: dict[str, Assignment], side: SideTypes, rel_names: list[str], which: str) -> SideMap:
+        """Concatenate the per-type maps so one take serves every type of a side."""
+        bases = []
+        parts = []
+        offsets = []
+        start = 0
+        for etype in self.type_names:
+            a = assignments[etype]
+            bases.append(a.shard_base + start)  # type: ignore[attr-defined]
+            parts.append(a.part_of)
+            offsets.append(a.offset_of)
+            start += len(a.part_of)
+        type_of_rel = None
+        if side.constant is None:
+            assert side.by_relation is not None
+            type_of_rel = side.by_relation  # non-dynamic: final id == config index
+        elif side.constant != 0:
+            bases = [bases[side.constant]]
+            parts_arr = parts[side.constant]
+            offs = offsets[side.constant]
+            return SideMap(np.concatenate(bases), parts_arr, offs - 0, None) if False else SideMap(
+                bases[0] - bases[0][0], parts_arr, offs, None
+            )
+        assert len(bases[0]) == NUM_SHARDS
+        return SideMap(np.concatenate(bases), np.concatenate(parts), np.concatenate(offsets), type_of_rel)
+
+    def _recount(self, collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:
+        """Entity counts without the edges of dropped relations (dynamic mode only)."""
+        for d in collector.dictionaries:
+            d.counts = [np.zeros(len(s), dtype=np.int64) for s in d.shards]
+        t_l, t_r = collector.lhs.constant, collector.rhs.constant
+        assert t_l is not None and t_r is not None  # dynamic: one type per side
+        for runs in all_runs:
+            for run in range(runs.num_runs):
+                cols = runs.read(run)
+                keep = rel_remap[cols["rel"]] >= 0
+                for t, s, i in ((t_l, "ls", "li"), (t_r, "rs", "ri")):
+                    d = collector.dictionaries[t]
+                    ids = d.bases()[cols[s][keep]] + cols[i][keep]
+                    counts = np.bincount(ids, minlength=len(d))
+                    bases = d.bases()
+                    for shard in range(NUM_SHARDS):
+                        lo = bases[shard]
+                        d.counts[shard] += counts[lo : lo + len(d.shards[shard])]
+
+    def _report_file(self, source: InputFile, stats: FileStats, report: InputReport) -> None:
+        report.skipped = Counter(stats.bad)
+        if source.bad_columns.count:
+            report.skipped[WRONG_WIDTH] += source.bad_columns.count
+        if not report.skipped:
+            return
+        rows = [row for row, _ in stats.examples]
+        lines = lines_of_rows(source, rows) if source.fmt != "parquet" else {}
+        report.examples = [f"{location(source, row, lines.get(row))}: {why}" for row, why in stats.examples]
+        if source.bad_columns.count and len(report.examples) < 5:
+            found = first_wrong_width(source)
+            if found is not None:
+                line, width, expected = found
+                report.examples.append(f"{source.path}:{line}: {WRONG_WIDTH}: expected {expected}, got {width}")
+
+
+def run_import(cfg: ConfigSchema, options: ImportOptions) -> ImportSummary:
+    """Import ``options.inputs`` (one per ``cfg.edge_paths`` entry) and publish the stores."""
+    return Importer(cfg, options).run()

@@ -1,0 +1,106 @@
+"""Small generated graphs written straight into bigembed's storage format (no importer needed).
+
+Edges follow a planted structure (an edge (h, r, t) exists mostly when t is among h's
+"neighbours" under r), so a model can learn them and quality checks are meaningful.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bigembed.config import ConfigSchema, parse_config_dict
+from bigembed.graph.edges import write_edge_manifest
+from bigembed.graph.entities import write_entity_store
+from bigembed.graph.format import bucket_dir
+
+
+def write_graph(
+    root: Path,
+    *,
+    num_entities: int = 200,
+    num_edges: int = 3000,
+    num_partitions: int = 1,
+    num_relations: int = 3,
+    weights: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One entity type ``node``; relations ``r0..``; entity path ``root/entities``, edges ``root/edges``.
+
+    Returns the global edge arrays for checks.
+    """
+    rng = np.random.default_rng(seed)
+    heads = rng.integers(0, num_entities, num_edges)
+    rels = rng.integers(0, num_relations, num_edges)
+    # planted structure: tail = (head * (r + 2) + small noise) mod N
+    tails = (heads * (rels + 2) + rng.integers(0, 3, num_edges)) % num_entities
+    names = np.array([f"n{i}" for i in range(num_entities)])
+    perm = rng.permutation(num_entities)  # global id -> (partition, offset) through a shuffle
+    bounds = np.linspace(0, num_entities, num_partitions + 1).astype(int)
+    part_of = np.empty(num_entities, np.int64)
+    off_of = np.empty(num_entities, np.int64)
+    part_names = []
+    for p in range(num_partitions):
+        members = perm[bounds[p] : bounds[p + 1]]
+        part_of[members] = p
+        off_of[members] = np.arange(len(members))
+        part_names.append(pa.array(names[members].tolist()))
+    write_entity_store(
+        root / "entities",
+        names={"node": part_names},
+        relation_names=[f"r{k}" for k in range(num_relations)],
+        dynamic_relations=True,
+        seed=seed,
+    )
+    edir = root / "edges"
+    counts = np.zeros((num_partitions, num_partitions), np.int64)
+    w = rng.uniform(0.5, 2.0, num_edges).astype(np.float32) if weights else None
+    for i in range(num_partitions):
+        for j in range(num_partitions):
+            sel = np.nonzero((part_of[heads] == i) & (part_of[tails] == j))[0]
+            sel = rng.permutation(sel)
+            counts[i, j] = len(sel)
+            if len(sel) == 0:
+                continue
+            d = edir / bucket_dir(i, j)
+            d.mkdir(parents=True, exist_ok=True)
+            np.save(d / "lhs.npy", off_of[heads[sel]].astype(np.int32))
+            np.save(d / "rhs.npy", off_of[tails[sel]].astype(np.int32))
+            np.save(d / "rel.npy", rels[sel].astype(np.int32))
+            if w is not None:
+                np.save(d / "weight.npy", w[sel])
+    dtypes = {"lhs": np.dtype(np.int32), "rhs": np.dtype(np.int32), "rel": np.dtype(np.int32)}
+    if w is not None:
+        dtypes["weight"] = np.dtype(np.float32)
+    edir.mkdir(parents=True, exist_ok=True)
+    write_edge_manifest(edir, bucket_counts=counts, dtypes=dtypes, has_weights=weights)
+    return {"heads": heads, "rels": rels, "tails": tails, "names": names}
+
+
+def graph_config(root: Path, **overrides: Any) -> ConfigSchema:
+    """A config for :func:`write_graph`'s output (dynamic relations unless overridden)."""
+    num_partitions = overrides.pop("num_partitions", 1)
+    data: dict[str, Any] = {
+        "entities": {"node": {"num_partitions": num_partitions}},
+        "relations": [{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
+        "dynamic_relations": True,
+        "entity_path": str(root / "entities"),
+        "edge_paths": [str(root / "edges")],
+        "checkpoint_path": str(root / "model"),
+        "dimension": 16,
+        "global_emb": False,
+        "comparator": "dot",
+        "loss_fn": "softmax",
+        "num_epochs": 2,
+        "batch_size": 100,
+        "num_batch_negs": 20,
+        "num_uniform_negs": 20,
+        "lr": 0.1,
+        "eval_fraction": 0.0,
+        "workers": 1,
+    }
+    data.update(overrides)
+    return parse_config_dict(data)
