@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bigembed.graph.dictionary import NUM_SHARDS
 from bigembed.graph.format import bucket_dir
 from bigembed.graph.npyfile import AppendableNpy
 from bigembed.graph.runs import RunFiles
@@ -29,12 +30,15 @@ class SideMap:
     shard_base: np.ndarray  # int64 [num_types * 256]: first global id of (type, shard)
     part_of: np.ndarray  # int32 per global id, -1 = dropped by min-count
     offset_of: np.ndarray  # int64 per global id
-    type_of_rel: np.ndarray | None  # per final relation id, None = single type (index 0)
+    type_const: int | None  # the side's entity type index, when it has a single one
+    type_of_rel: np.ndarray | None  # else the type index per (final) relation id
 
     def map(self, shard: np.ndarray, index: np.ndarray, rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key = shard.astype(np.int64)
         if self.type_of_rel is not None:
-            key += self.type_of_rel[rel].astype(np.int64) * 256
+            key += self.type_of_rel[rel].astype(np.int64) * NUM_SHARDS
+        elif self.type_const:
+            key += self.type_const * NUM_SHARDS
         ids = self.shard_base[key] + index
         return self.part_of[ids], self.offset_of[ids]
 

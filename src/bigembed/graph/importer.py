@@ -208,6 +208,7 @@ class Importer:
             self._recount(collector, all_runs, rel_remap)
 
         assignments: dict[str, Assignment] = {}
+        bases: dict[str, np.ndarray] = {}
         dropped_entities: dict[str, int] = {}
         for t, etype in enumerate(self.type_names):
             dictionary = collector.dictionaries[t]
@@ -218,8 +219,8 @@ class Importer:
             assignments[etype] = assign_partitions(
                 dictionary.names(), keep, cfg.entities[etype].num_partitions, cfg.seed, etype
             )
+            bases[etype] = dictionary.bases()
             collector.dictionaries[t] = type(dictionary)(count=False)  # free the shards
-            assignments[etype].shard_base = dictionary.bases()  # type: ignore[attr-defined]
         write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
@@ -228,8 +229,9 @@ class Importer:
             seed=cfg.seed,
         )
 
-        lhs_map = self._side_map(assignments, lhs_side, rel_names, "lhs")
-        rhs_map = self._side_map(assignments, rhs_side, rel_names, "rhs")
+        shard_base, part_of, offset_of = self._id_space(assignments, bases)
+        lhs_map = SideMap(shard_base, part_of, offset_of, lhs_side.constant, lhs_side.by_relation)
+        rhs_map = SideMap(shard_base, part_of, offset_of, rhs_side.constant, rhs_side.by_relation)
         lhs_parts = max(cfg.entities[getattr(r, "lhs")].num_partitions for r in cfg.relations)
         rhs_parts = max(cfg.entities[getattr(r, "rhs")].num_partitions for r in cfg.relations)
         max_count = max([max(a.counts, default=0) for a in assignments.values()], default=0)
@@ -271,31 +273,17 @@ class Importer:
             seconds=0.0,
         )
 
-    def _side_map(self, assignments: dict[str, Assignment], side: SideTypes, rel_names: list[str], which: str) -> SideMap:
-        """Concatenate the per-type maps so one take serves every type of a side."""
-        bases = []
-        parts = []
-        offsets = []
+    def _id_space(self, assignments: dict[str, Assignment], bases: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first id of each (type, shard), partition per id, offset per id) over all types."""
+        shard_base, parts, offsets = [], [], []
         start = 0
         for etype in self.type_names:
             a = assignments[etype]
-            bases.append(a.shard_base + start)  # type: ignore[attr-defined]
+            shard_base.append(bases[etype] + start)
             parts.append(a.part_of)
             offsets.append(a.offset_of)
             start += len(a.part_of)
-        type_of_rel = None
-        if side.constant is None:
-            assert side.by_relation is not None
-            type_of_rel = side.by_relation  # non-dynamic: final id == config index
-        elif side.constant != 0:
-            bases = [bases[side.constant]]
-            parts_arr = parts[side.constant]
-            offs = offsets[side.constant]
-            return SideMap(np.concatenate(bases), parts_arr, offs - 0, None) if False else SideMap(
-                bases[0] - bases[0][0], parts_arr, offs, None
-            )
-        assert len(bases[0]) == NUM_SHARDS
-        return SideMap(np.concatenate(bases), np.concatenate(parts), np.concatenate(offsets), type_of_rel)
+        return np.concatenate(shard_base), np.concatenate(parts), np.concatenate(offsets)
 
     def _recount(self, collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:
         """Entity counts without the edges of dropped relations (dynamic mode only)."""

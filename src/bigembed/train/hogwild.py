@@ -9,6 +9,7 @@ With one worker everything runs in the calling process.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import traceback
@@ -90,8 +91,14 @@ def _worker_main(rank: int, setup: WorkerSetup, tasks: mp.Queue, results: mp.Que
         board[rank, 0] += edges
         board[rank, 1] += loss
 
+    parent = os.getppid()
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the trainer died (e.g. kill -9): do not linger
+                return
+            continue
         if task is None:
             return
         try:

@@ -1,0 +1,86 @@
+"""``bigembed import CONFIG INPUT... [-p KEY=VALUE]``: edge lists -> entity and edge stores."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bigembed.config import add_config_arguments, config_from_args
+from bigembed.graph.importer import ImportOptions, run_import
+from bigembed.graph.inputs import FORMATS, ColumnSpec, TextOptions
+
+DESCRIPTION = """\
+Import edge lists into the entity store (config entity_path) and one bucketed edge store per
+config edge_paths entry (one INPUT per edge path, in order; all share one entity dictionary).
+Inputs: .tsv/.txt (tab-separated), .csv, optionally .gz/.bz2/.zst, or .parquet.
+Columns are given by 0-based index or, with --header or Parquet, by name.
+Outputs are published only when complete; bad lines stop the import naming FILE:LINE unless
+--skip-bad-lines."""
+
+
+def _column(value: str) -> int | str:
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _optional_column(value: str) -> int | str | None:
+    return None if value.lower() in ("", "none", "-") else _column(value)
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "import",
+        help="import edge lists (TSV/CSV/Parquet) into entity and edge stores",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_arguments(parser)
+    parser.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="edge list file(s), one per edge path")
+    parser.add_argument("--format", choices=FORMATS, help="input format (default: from the file extension)")
+    parser.add_argument("-l", "--lhs-col", type=_column, default=0, help="lhs (head) column: index or name (default 0)")
+    parser.add_argument(
+        "--rel-col", type=_optional_column, default=1,
+        help="relation column: index or name, or 'none' when there is a single relation (default 1)",
+    )
+    parser.add_argument("-r", "--rhs-col", type=_column, default=2, help="rhs (tail) column: index or name (default 2)")
+    parser.add_argument("--weight-col", type=_optional_column, default=None, help="edge weight column (default: none)")
+    parser.add_argument("--header", action="store_true", help="text inputs start with a line of column names")
+    parser.add_argument("--delimiter", help="field separator of text inputs (default: tab for tsv/txt, comma for csv)")
+    parser.add_argument("--entity-min-count", type=_positive, default=1, help="drop entities seen fewer times (default 1)")
+    parser.add_argument(
+        "--relation-type-min-count", type=_positive, default=1,
+        help="dynamic relations: drop relation types with fewer edges (default 1)",
+    )
+    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of stopping")
+    parser.add_argument("--force", action="store_true", help="replace existing entity/edge stores")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS)
+    parser.add_argument("--run-edges", type=_positive, default=ImportOptions.run_edges, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    options = ImportOptions(
+        inputs=list(args.inputs),
+        format=args.format,
+        columns=ColumnSpec(lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col, weight=args.weight_col),
+        text=TextOptions(header=args.header, delimiter=args.delimiter),
+        entity_min_count=args.entity_min_count,
+        relation_type_min_count=args.relation_type_min_count,
+        skip_bad_lines=args.skip_bad_lines,
+        force=args.force,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        buffer_edges=args.buffer_edges,
+        run_edges=args.run_edges,
+    )
+    summary = run_import(cfg, options)
+    print(summary.format())
+    return 0
