@@ -42,27 +42,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_arguments(parser)
-    parser.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="edge list file(s), one per edge path")
-    parser.add_argument("--format", choices=FORMATS, help="input format (default: from the file extension)")
-    parser.add_argument("-l", "--lhs-col", type=_column, default=0, help="lhs (head) column: index or name (default 0)")
     parser.add_argument(
-        "--rel-col", type=_optional_column, default=1,
-        help="relation column: index or name, or 'none' when there is a single relation (default 1)",
+        "inputs", nargs="+", type=Path, metavar="INPUT", help="edge list file(s), one per edge path"
     )
-    parser.add_argument("-r", "--rhs-col", type=_column, default=2, help="rhs (tail) column: index or name (default 2)")
-    parser.add_argument("--weight-col", type=_optional_column, default=None, help="edge weight column (default: none)")
-    parser.add_argument("--header", action="store_true", help="text inputs start with a line of column names")
-    parser.add_argument("--delimiter", help="field separator of text inputs (default: tab for tsv/txt, comma for csv)")
-    parser.add_argument("--entity-min-count", type=_positive, default=1, help="drop entities seen fewer times (default 1)")
     parser.add_argument(
-        "--relation-type-min-count", type=_positive, default=1,
+        "--format", choices=FORMATS, help="input format (default: from the file extension)"
+    )
+    parser.add_argument(
+        "-l",
+        "--lhs-col",
+        type=_column,
+        default=0,
+        help="lhs (head) column: index or name (default 0)",
+    )
+    parser.add_argument(
+        "--rel-col",
+        type=_optional_column,
+        default=1,
+        help="relation column: index or name, or 'none' for a single relation (default 1)",
+    )
+    parser.add_argument(
+        "-r",
+        "--rhs-col",
+        type=_column,
+        default=2,
+        help="rhs (tail) column: index or name (default 2)",
+    )
+    parser.add_argument(
+        "--weight-col",
+        type=_optional_column,
+        default=None,
+        help="edge weight column (default: none)",
+    )
+    parser.add_argument(
+        "--header", action="store_true", help="text inputs start with a line of column names"
+    )
+    parser.add_argument(
+        "--delimiter",
+        help="field separator of text inputs (default: tab for tsv/txt, comma for csv)",
+    )
+    parser.add_argument(
+        "--entity-min-count",
+        type=_positive,
+        default=1,
+        help="drop entities seen fewer times (default 1)",
+    )
+    parser.add_argument(
+        "--relation-type-min-count",
+        type=_positive,
+        default=1,
         help="dynamic relations: drop relation types with fewer edges (default 1)",
     )
-    parser.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of stopping")
+    parser.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip and count malformed lines instead of stopping",
+    )
     parser.add_argument("--force", action="store_true", help="replace existing entity/edge stores")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS)
-    parser.add_argument("--run-edges", type=_positive, default=ImportOptions.run_edges, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--run-edges", type=_positive, default=ImportOptions.run_edges, help=argparse.SUPPRESS
+    )
     parser.set_defaults(func=run)
 
 
@@ -71,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     options = ImportOptions(
         inputs=list(args.inputs),
         format=args.format,
-        columns=ColumnSpec(lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col, weight=args.weight_col),
+        columns=ColumnSpec(
+            lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col, weight=args.weight_col
+        ),
         text=TextOptions(header=args.header, delimiter=args.delimiter),
         entity_min_count=args.entity_min_count,
         relation_type_min_count=args.relation_type_min_count,

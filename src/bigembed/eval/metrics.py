@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -85,3 +86,40 @@ class RankingSums:
             "auc": self.auc_sum / n,
             "loss": self.loss_sum / n,
         }
+
+
+METRIC_KEYS = ("count", "mr", "mrr", "hits@1", "hits@3", "hits@10", "hits@50", "auc")
+
+
+def summarize(ranks: np.ndarray, auc: np.ndarray | None = None) -> dict[str, float]:
+    """MR, MRR, Hits@k and mean AUC of a set of ranks (numpy), as :data:`METRIC_KEYS`."""
+    (row,) = summarize_groups(ranks, auc, np.zeros(len(ranks), np.int64), 1)
+    return row
+
+
+def summarize_groups(
+    ranks: np.ndarray, auc: np.ndarray | None, groups: np.ndarray, num_groups: int
+) -> list[dict[str, float]]:
+    """:func:`summarize` of each group (e.g. relation) at once, vectorised with bincount."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    groups = np.asarray(groups, dtype=np.int64)
+    count = np.bincount(groups, minlength=num_groups)
+    n = np.maximum(count, 1)
+    sums = {
+        "mr": np.bincount(groups, ranks, num_groups),
+        "mrr": np.bincount(groups, 1.0 / np.maximum(ranks, 1), num_groups),
+        **{
+            f"hits@{k}": np.bincount(groups, (ranks <= k).astype(np.float64), num_groups)
+            for k in HITS_AT
+        },
+        "auc": np.bincount(groups, np.asarray(auc, np.float64), num_groups)
+        if auc is not None
+        else np.full(num_groups, np.nan),
+    }
+    out = []
+    for g in range(num_groups):
+        row: dict[str, float] = {"count": int(count[g])}
+        for key in METRIC_KEYS[1:]:
+            row[key] = float(sums[key][g] / n[g])
+        out.append(row)
+    return out

@@ -1,15 +1,25 @@
 """Full ranking of edges against every entity of the corrupted side's type, raw and filtered.
 
-For each edge and each side, the candidate set is every entity of that side's type, across all
-partitions (unlike PBG, whose ranking never leaves the edge's partition). The true entity's
-rank is 1 + the number of other candidates scoring at least as high (ties count against it);
-the filtered rank leaves out candidates that form a known true edge. Scores are computed in
-chunks of queries x one partition of candidates at a time, so memory stays bounded.
+For each edge and each side, the candidates are all entities of that side's type, across all
+partitions (PBG's own eval never leaves the edge's partition). The true entity's rank is
+1 + the number of *other* candidates scoring at least as high (ties count against it); the
+filtered rank leaves out candidates that form a known true edge (never the true entity).
+
+How it stays fast and bounded:
+
+* edges are sorted by their *anchor* (what the candidates are compared with: e.g. the
+  transformed tail and relation when heads are ranked), and edges sharing an anchor share one
+  row of scores: on FB15k-237 test that removes ~45% of the matrix products;
+* the loop runs partition by partition and block by block of candidates (each prepared once:
+  global embedding, operator, normalisation), then over chunks of anchors, so one score matrix
+  is at most ``max_scores`` floats and each partition is read once per pass;
+* counting (``scores >= positive``) and the filter corrections run in numpy on the matrix
+  the product produced, with no copies for edges that own their anchor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +27,13 @@ import torch
 from torch import Tensor
 
 from bigembed.eval.filters import KnownEdges
+from bigembed.model.comparators import Comparator, DotComparator
 from bigembed.model.scoring import ScoringModel
 
 EmbeddingSource = Callable[[str, int], Tensor]
+"""``source(entity_type, partition)`` -> that partition's stored embeddings ``(count, dim)``."""
+
+SIDES = ("lhs", "rhs")
 
 
 @dataclass
@@ -30,49 +44,169 @@ class EvalEdges:
     rel: np.ndarray
     rhs: np.ndarray
 
+    def __post_init__(self) -> None:
+        self.lhs = np.asarray(self.lhs, dtype=np.int64)
+        self.rel = np.asarray(self.rel, dtype=np.int64)
+        self.rhs = np.asarray(self.rhs, dtype=np.int64)
+
     def __len__(self) -> int:
         return len(self.lhs)
+
+    @staticmethod
+    def concat(parts: list[EvalEdges]) -> EvalEdges:
+        if not parts:
+            return EvalEdges(np.empty(0), np.empty(0), np.empty(0))
+        return EvalEdges(
+            np.concatenate([p.lhs for p in parts]),
+            np.concatenate([p.rel for p in parts]),
+            np.concatenate([p.rhs for p in parts]),
+        )
 
 
 @dataclass
 class SideRanks:
+    """Ranks of the true entity of one side among all candidates of its type."""
+
     raw: np.ndarray  # (E,) int64
-    filtered: np.ndarray | None  # (E,) int64, or None without filters
+    candidates: np.ndarray  # (E,) candidates including the true entity
+    filtered: np.ndarray | None = None  # (E,) int64, or None without filters
+    removed: np.ndarray | None = None  # (E,) known true others left out by the filter
+
+    def ranks(self, filtered: bool) -> np.ndarray:
+        out = self.filtered if filtered else self.raw
+        if out is None:
+            raise ValueError("no filtered ranks: rank_edges ran without known edges")
+        return out
+
+    def auc(self, filtered: bool) -> np.ndarray:
+        """Per edge: the fraction of the other candidates scoring strictly below the true one."""
+        cands = self.candidates - (self.removed if filtered and self.removed is not None else 0)
+        below = cands - self.ranks(filtered)
+        return below / np.maximum(cands - 1, 1)
 
 
 @dataclass
 class RankingResult:
     rel: np.ndarray
-    lhs: SideRanks  # ranks of the true head among corrupted heads
-    rhs: SideRanks  # ranks of the true tail among corrupted tails
+    lhs: SideRanks | None  # ranks of the true head among the head candidates
+    rhs: SideRanks | None  # ranks of the true tail among the tail candidates
+
+    def side(self, name: str) -> SideRanks | None:
+        return self.lhs if name == "lhs" else self.rhs
 
 
-class _Entities:
-    """Global-id access to one entity type's partitions."""
+@dataclass
+class _Task:
+    """Rank one side of a group of edges that share a candidate type and candidate transform."""
 
-    def __init__(self, etype: str, bases: np.ndarray, source: EmbeddingSource) -> None:
-        self.etype = etype
-        self.bases = bases
+    etype: str  # candidate entity type
+    rows: np.ndarray  # edge indices
+    keys: np.ndarray  # anchor key per edge of ``rows``: equal keys give equal anchors
+    true_ids: np.ndarray  # true entity (global id) per edge of ``rows``
+    anchors: Callable[[np.ndarray], Tensor]  # edge indices -> prepared anchors (n, D)
+    candidates: Callable[[Tensor], Tensor]  # stored rows -> prepared candidates (n, D)
+    known: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None  # edge idx -> pairs
+
+
+class _Rows:
+    """Global-id row access to one entity type's partitions."""
+
+    def __init__(self, source: EmbeddingSource, bases: dict[str, np.ndarray]) -> None:
         self.source = source
+        self.bases = bases
 
-    @property
-    def partitions(self) -> int:
-        return len(self.bases) - 1
-
-    def table(self, part: int) -> Tensor:
-        return self.source(self.etype, part)
-
-    def gather(self, idx: np.ndarray) -> Tensor:
-        parts = np.searchsorted(self.bases, idx, side="right") - 1
-        out = None
-        for p in np.unique(parts):
-            sel = np.nonzero(parts == p)[0]
-            rows = self.table(int(p))[torch.from_numpy(idx[sel] - self.bases[p])]
+    def gather(self, etype: str, ids: np.ndarray) -> Tensor:
+        bases = self.bases[etype]
+        parts = np.searchsorted(bases, ids, side="right") - 1
+        out: Tensor | None = None
+        for part in np.unique(parts):
+            sel = np.flatnonzero(parts == part)
+            rows = self.source(etype, int(part)).index_select(0, torch.from_numpy(ids[sel] - bases[part]))
             if out is None:
-                out = rows.new_empty((len(idx), rows.shape[1]))
+                out = rows.new_empty((len(ids), rows.shape[1]))
             out[torch.from_numpy(sel)] = rows
         assert out is not None
         return out
+
+
+def _tasks(model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges | None,
+           side: str) -> Iterator[_Task]:
+    """The ranking tasks of one side (see the module docstring of bigembed.model.scoring)."""
+    cmp = model.comparator
+    h, r, t = edges.lhs, edges.rel, edges.rhs
+    nrel = max(model.num_relations, int(r.max()) + 1 if len(r) else 1)
+
+    def adjust(x: Tensor, etype: str) -> Tensor:
+        return model._adjust(x, etype)
+
+    def heads_known(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert known is not None
+        return known.true_heads(t[idx], r[idx])
+
+    def tails_known(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert known is not None
+        return known.true_tails(h[idx], r[idx])
+
+    if model.dynamic:
+        rcfg = model.config.relations[0]
+        everything = np.arange(len(edges))
+        if side == "lhs":  # c(lhs', op_rhs[r](rhs)) for every lhs'
+            def anchors(idx: np.ndarray) -> Tensor:
+                x = adjust(rows.gather(rcfg.rhs, t[idx]), rcfg.rhs)
+                return cmp.prepare(model.rhs_operators[0](x, torch.from_numpy(r[idx])))
+
+            yield _Task(rcfg.lhs, everything, t * nrel + r, h, anchors,
+                        lambda x: cmp.prepare(adjust(x, rcfg.lhs)),
+                        heads_known if known else None)
+        else:  # c(rhs', op_lhs[r](lhs)) for every rhs'
+            def anchors(idx: np.ndarray) -> Tensor:
+                x = adjust(rows.gather(rcfg.lhs, h[idx]), rcfg.lhs)
+                return cmp.prepare(model.lhs_operators[0](x, torch.from_numpy(r[idx])))
+
+            yield _Task(rcfg.rhs, everything, h * nrel + r, t, anchors,
+                        lambda x: cmp.prepare(adjust(x, rcfg.rhs)),
+                        tails_known if known else None)
+        return
+
+    relations = model.config.relations
+    if side == "lhs":
+        # c(lhs', op_r(rhs)): candidates do not depend on r, so one task per lhs type.
+        lhs_types = np.array([rel.lhs for rel in relations])
+        for etype in dict.fromkeys(lhs_types.tolist()):
+            sel = np.flatnonzero(lhs_types[r] == etype)
+            if len(sel) == 0:
+                continue
+
+            def anchors(idx: np.ndarray) -> Tensor:
+                out: Tensor | None = None
+                for ridx in np.unique(r[idx]):
+                    part = np.flatnonzero(r[idx] == ridx)
+                    rcfg = relations[int(ridx)]
+                    x = adjust(rows.gather(rcfg.rhs, t[idx[part]]), rcfg.rhs)
+                    y = cmp.prepare(model.rhs_operator(int(ridx))(x))
+                    if out is None:
+                        out = y.new_empty((len(idx), y.shape[1]))
+                    out[torch.from_numpy(part)] = y
+                assert out is not None
+                return out
+
+            yield _Task(etype, sel, t[sel] * nrel + r[sel], h[sel], anchors,
+                        lambda x, e=etype: cmp.prepare(adjust(x, e)),
+                        heads_known if known else None)
+    else:
+        # c(lhs, op_r(rhs')): the operator acts on the candidates, so one task per relation.
+        for ridx, rcfg in enumerate(relations):
+            sel = np.flatnonzero(r == ridx)
+            if len(sel) == 0:
+                continue
+            op = model.rhs_operator(ridx)
+
+            def anchors(idx: np.ndarray, rcfg=rcfg) -> Tensor:
+                return cmp.prepare(adjust(rows.gather(rcfg.lhs, h[idx]), rcfg.lhs))
+
+            yield _Task(rcfg.rhs, sel, h[sel], t[sel], anchors,
+                        lambda x, op=op, e=rcfg.rhs: cmp.prepare(op(adjust(x, e))),
+                        tails_known if known else None)
 
 
 @torch.no_grad()
@@ -84,84 +218,151 @@ def rank_edges(
     known: KnownEdges | None,
     *,
     chunk_size: int = 1024,
-    progress: Callable[[int], None] | None = None,
+    max_scores: int = 1 << 24,
+    super_chunk: int = 1 << 15,
+    progress: Callable[[float], None] | None = None,
 ) -> RankingResult:
-    """Rank every edge's head and tail against all entities; ``progress(n)`` after each chunk."""
-    cfg = model.config
+    """Rank every edge's head and tail against all entities of their types.
+
+    ``source(type, part)`` gives stored embeddings (without the global embedding; the model
+    adds it); ``bases[type]`` the global id of each partition's first entity plus the total.
+    ``chunk_size`` anchors are scored at a time against at most ``max_scores / chunk_size``
+    candidates; ``super_chunk`` edges share one pass over the partitions. ``progress(n)`` is
+    called with the (fractional) number of edges finished, so a bar over edges fills once.
+    """
+    model.eval()
+    rows = _Rows(source, bases)
     e = len(edges)
-    out = {side: (np.zeros(e, np.int64), np.zeros(e, np.int64) if known else None) for side in "lr"}
-    groups = [np.arange(e)] if model.dynamic else [
-        np.nonzero(edges.rel == r)[0] for r in range(len(cfg.relations))
-    ]
-    for sel in groups:
-        if len(sel) == 0:
-            continue
-        ridx = 0 if model.dynamic else int(edges.rel[sel[0]])
-        rcfg = model.relation_config(ridx)
-        lhs_ents = _Entities(rcfg.lhs, bases[rcfg.lhs], source)
-        rhs_ents = _Entities(rcfg.rhs, bases[rcfg.rhs], source)
-        for start in range(0, len(sel), chunk_size):
-            rows = sel[start : start + chunk_size]
-            _rank_chunk(model, ridx, edges, rows, lhs_ents, rhs_ents, known, out)
-            if progress:
-                progress(len(rows))
-    return RankingResult(
-        rel=edges.rel.copy(),
-        lhs=SideRanks(*out["l"]),
-        rhs=SideRanks(*out["r"]),
-    )
+    result: dict[str, SideRanks] = {}
+    for side in SIDES:
+        ranks = SideRanks(
+            raw=np.zeros(e, np.int64),
+            candidates=np.zeros(e, np.int64),
+            filtered=np.zeros(e, np.int64) if known is not None else None,
+            removed=np.zeros(e, np.int64) if known is not None else None,
+        )
+        for task in _tasks(model, rows, edges, known, side):
+            _run_task(model, task, bases[task.etype], rows, ranks, chunk_size, max_scores,
+                      super_chunk, progress)
+        result[side] = ranks
+    return RankingResult(rel=edges.rel.copy(), lhs=result["lhs"], rhs=result["rhs"])
 
 
-def _rank_chunk(model, ridx, edges, rows, lhs_ents, rhs_ents, known, out) -> None:
+def _run_task(model: ScoringModel, task: _Task, bases: np.ndarray, rows: _Rows, out: SideRanks,
+              chunk_size: int, max_scores: int, super_chunk: int,
+              progress: Callable[[float], None] | None) -> None:
+    order = np.argsort(task.keys, kind="stable")
+    num_candidates = int(bases[-1])
+    for start in range(0, len(order), super_chunk):
+        pos_in_task = order[start : start + super_chunk]
+        idx = task.rows[pos_in_task]  # edge indices, sorted by anchor key
+        keys = task.keys[pos_in_task]
+        true_ids = task.true_ids[pos_in_task]
+        raw, filt_ge, removed = _rank_sorted(
+            model, task, idx, keys, true_ids, bases, rows, chunk_size, max_scores,
+            (lambda n: progress(n / 2)) if progress else None, num_candidates,
+        )
+        out.raw[idx] = raw
+        out.candidates[idx] = num_candidates
+        if out.filtered is not None and filt_ge is not None and removed is not None:
+            out.filtered[idx] = raw - filt_ge
+            assert out.removed is not None
+            out.removed[idx] = removed
+
+
+def _rank_sorted(model, task: _Task, idx: np.ndarray, keys: np.ndarray, true_ids: np.ndarray,
+                 bases: np.ndarray, rows: _Rows, chunk_size: int, max_scores: int,
+                 progress: Callable[[float], None] | None, num_candidates: int,
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Raw ranks, filtered-out competitors and removed counts of edges sorted by anchor key."""
     cmp = model.comparator
-    rel = torch.from_numpy(edges.rel[rows].astype(np.int64))
-    h, t = edges.lhs[rows], edges.rhs[rows]
-    lhs_x = model._adjust(lhs_ents.gather(h), lhs_ents.etype)
-    rhs_x = model._adjust(rhs_ents.gather(t), rhs_ents.etype)
-    if model.dynamic:
-        # corrupt lhs: c(lhs', op_rhs[r](rhs)); corrupt rhs: c(rhs', op_lhs[r](lhs))
-        lhs_anchor = cmp.prepare(model.rhs_operators[0](rhs_x, rel))
-        rhs_anchor = cmp.prepare(model.lhs_operators[0](lhs_x, rel))
-        lhs_cand = lambda x: cmp.prepare(model._adjust(x, lhs_ents.etype))  # noqa: E731
-        rhs_cand = lambda x: cmp.prepare(model._adjust(x, rhs_ents.etype))  # noqa: E731
-    else:
-        op = model.rhs_operator(ridx)
-        lhs_anchor = cmp.prepare(op(rhs_x))
-        rhs_anchor = cmp.prepare(lhs_x)
-        lhs_cand = lambda x: cmp.prepare(model._adjust(x, lhs_ents.etype))  # noqa: E731
-        rhs_cand = lambda x: cmp.prepare(op(model._adjust(x, rhs_ents.etype)))  # noqa: E731
-    for side, anchors, ents, cand_fn, true_idx in (
-        ("l", lhs_anchor, lhs_ents, lhs_cand, h),
-        ("r", rhs_anchor, rhs_ents, rhs_cand, t),
-    ):
-        true_vec = cand_fn(ents.gather(true_idx))
-        pos = cmp.neg(anchors.unsqueeze(1), true_vec.unsqueeze(1)).view(-1)
-        raw = torch.zeros(len(rows), dtype=torch.long)
-        filt_rows = filt_cols = None
-        if known is not None:
-            q = edges.rel[rows]
-            frows, fcols = known.true_tails(h, q) if side == "r" else known.true_heads(t, q)
-            keep = fcols != true_idx[frows]
-            filt_rows, filt_cols = frows[keep], fcols[keep]
-            filtered_out = torch.zeros(len(rows), dtype=torch.long)
-        for p in range(ents.partitions):
-            lo, hi = int(ents.bases[p]), int(ents.bases[p + 1])
-            if hi == lo:
-                continue
-            cands = cand_fn(ents.table(p))
-            scores = cmp.neg(anchors.unsqueeze(0), cands.unsqueeze(0)).squeeze(0)
-            raw += torch.count_nonzero(scores >= pos.unsqueeze(1), dim=1)
-            in_p = (true_idx >= lo) & (true_idx < hi)
-            if in_p.any():  # the true entity itself is not a competitor
-                r_sel = np.nonzero(in_p)[0]
-                own = scores[torch.from_numpy(r_sel), torch.from_numpy(true_idx[r_sel] - lo)]
-                raw[torch.from_numpy(r_sel)] -= (own >= pos[torch.from_numpy(r_sel)]).long()
-            if filt_rows is not None:
-                m = (filt_cols >= lo) & (filt_cols < hi)
-                if m.any():
-                    fr = torch.from_numpy(filt_rows[m])
-                    vals = scores[fr, torch.from_numpy(filt_cols[m] - lo)]
-                    filtered_out.index_add_(0, fr, (vals >= pos[fr]).long())
-        out[side][0][rows] = (raw + 1).numpy()
-        if filt_rows is not None:
-            out[side][1][rows] = (raw - filtered_out + 1).numpy()
+    n = len(idx)
+    is_first = np.ones(n, dtype=bool)
+    is_first[1:] = keys[1:] != keys[:-1]
+    first = np.flatnonzero(is_first)  # edge position of each anchor's first edge
+    inv = np.cumsum(is_first) - 1  # anchor of each edge
+    num_anchors = len(first)
+    anchors = task.anchors(idx[first]).float().contiguous()
+
+    # positive scores, with the comparator's own formula for "candidate" scores
+    pos_t = torch.empty(n, dtype=torch.float32)
+    for s in range(0, n, 4096):
+        sl = slice(s, s + 4096)
+        truth = task.candidates(rows.gather(task.etype, true_ids[sl])).float()
+        a = anchors[torch.from_numpy(inv[sl])]
+        pos_t[sl] = cmp.neg(a.unsqueeze(1), truth.unsqueeze(1)).reshape(-1)
+    pos = pos_t.numpy()
+
+    ge = np.zeros(n, np.int64)  # candidates (the true one included) scoring >= positive
+    own = np.zeros(n, np.int64)  # 1 where the true entity itself was among them
+    filt_ge = removed = frows = fcols = None
+    if task.known is not None:
+        frows, fcols = task.known(idx)
+        keep = fcols != true_ids[frows]  # the positive itself is never filtered out
+        frows, fcols = frows[keep], fcols[keep]
+        removed = np.bincount(frows, minlength=n).astype(np.int64)
+        filt_ge = np.zeros(n, np.int64)
+
+    dups = np.flatnonzero(~is_first)
+    q = max(1, min(chunk_size, num_anchors))
+    anchor_starts = list(range(0, num_anchors, q))
+    edge_bounds = [int(first[a]) for a in anchor_starts] + [n]
+    score = _scorer(cmp)
+    anchors_np = anchors.numpy()
+    buffer = np.empty(0, np.float32)
+    for part in range(len(bases) - 1):
+        lo, hi = int(bases[part]), int(bases[part + 1])
+        if hi == lo:
+            continue
+        table = rows.source(task.etype, part)
+        block = max(1, min(hi - lo, max_scores // q))
+        if buffer.size < q * block:
+            buffer = np.empty(q * block, np.float32)
+        for b0 in range(0, hi - lo, block):
+            cands = task.candidates(table[b0 : b0 + block]).float().contiguous().numpy()
+            g0, g1 = lo + b0, lo + b0 + cands.shape[0]
+            for ci, a0 in enumerate(anchor_starts):
+                a1 = min(a0 + q, num_anchors)
+                e0, e1 = edge_bounds[ci], edge_bounds[ci + 1]
+                out = buffer[: (a1 - a0) * cands.shape[0]].reshape(a1 - a0, cands.shape[0])
+                scores = score(anchors_np[a0:a1], cands, out)
+                fe = first[a0:a1]
+                ge[fe] += np.count_nonzero(scores >= pos[fe, None], axis=1)
+                d0, d1 = np.searchsorted(dups, (e0, e1))
+                if d1 > d0:
+                    de = dups[d0:d1]
+                    ge[de] += np.count_nonzero(scores[inv[de] - a0] >= pos[de, None], axis=1)
+                te = true_ids[e0:e1]
+                hit = np.flatnonzero((te >= g0) & (te < g1)) + e0
+                if len(hit):
+                    own[hit] += scores[inv[hit] - a0, true_ids[hit] - g0] >= pos[hit]
+                if frows is not None and fcols is not None and filt_ge is not None:
+                    f0, f1 = np.searchsorted(frows, (e0, e1))
+                    fr, fc = frows[f0:f1], fcols[f0:f1]
+                    m = (fc >= g0) & (fc < g1)
+                    if m.any():
+                        fr, fc = fr[m], fc[m]
+                        hits = scores[inv[fr] - a0, fc - g0] >= pos[fr]
+                        filt_ge[e0:e1] += np.bincount(fr[hits] - e0, minlength=e1 - e0)
+                if progress:
+                    progress((e1 - e0) * (g1 - g0) / num_candidates)
+    raw = ge - own + 1
+    return raw, filt_ge, removed
+
+
+def _scorer(cmp: Comparator) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """``score(anchors (M, D), candidates (N, D), out (M, N))`` -> the comparator's scores.
+
+    Dot products (``dot``, and ``cos`` whose normalisation happened in ``prepare``) go
+    straight to numpy's BLAS, which on the AMD CPUs we measured runs this shape ~40% faster
+    than torch's; other comparators use their own batched formula.
+    """
+    if isinstance(cmp, DotComparator):
+        return lambda a, c, out: np.matmul(a, c.T, out=out)
+
+    def generic(a: np.ndarray, c: np.ndarray, out: np.ndarray) -> np.ndarray:
+        res = cmp.neg(torch.from_numpy(a).unsqueeze(0), torch.from_numpy(c).unsqueeze(0))[0]
+        out[...] = res.numpy()
+        return out
+
+    return generic

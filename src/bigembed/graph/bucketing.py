@@ -10,6 +10,8 @@ random order inside every bucket.
 from __future__ import annotations
 
 import math
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +35,9 @@ class SideMap:
     type_const: int | None  # the side's entity type index, when it has a single one
     type_of_rel: np.ndarray | None  # else the type index per (final) relation id
 
-    def map(self, shard: np.ndarray, index: np.ndarray, rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def map(
+        self, shard: np.ndarray, index: np.ndarray, rel: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         key = shard.astype(np.int64)
         if self.type_of_rel is not None:
             key += self.type_of_rel[rel].astype(np.int64) * NUM_SHARDS
@@ -46,7 +50,14 @@ class SideMap:
 class BucketWriter:
     """Appends edges to the bucket files of one edge store under construction."""
 
-    def __init__(self, directory: Path, lhs_parts: int, rhs_parts: int, dtypes: dict[str, np.dtype], has_weights: bool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        lhs_parts: int,
+        rhs_parts: int,
+        dtypes: dict[str, np.dtype],
+        has_weights: bool,
+    ) -> None:
         self.directory = directory
         self.shape = (lhs_parts, rhs_parts)
         self.dtypes = dtypes
@@ -84,17 +95,41 @@ class RunProcessor:
     dropped: int = 0
 
     def process_all(self, runs: RunFiles, index: int, progress) -> None:
-        for run in range(runs.num_runs):
-            self._process(runs, run, (index, run), progress)
-            runs.remove(run)
+        """Process every run in order; the next run is computed while this one is written."""
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bigembed-bucket") as pool:
+            ahead: deque[tuple[int, Future]] = deque()
+            for run in range(runs.num_runs):
+                if runs.sizes[run] > SPLIT_SLACK * self.run_edges:
+                    while ahead:
+                        self._finish(runs, *ahead.popleft(), progress)
+                    self._split(runs, run, (index, run), progress)
+                    continue
+                ahead.append((run, pool.submit(self._compute, runs, run, (index, run))))
+                if len(ahead) >= 2:
+                    self._finish(runs, *ahead.popleft(), progress)
+            while ahead:
+                self._finish(runs, *ahead.popleft(), progress)
+
+    def _finish(self, runs: RunFiles, run: int, future: Future, progress) -> None:
+        self._write(future.result())
+        progress.update(int(runs.sizes[run]))
+        runs.remove(run)
 
     def _process(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
         size = int(runs.sizes[run])
-        if size == 0:
-            return
         if size > SPLIT_SLACK * self.run_edges:
             self._split(runs, run, path, progress)
             return
+        self._write(self._compute(runs, run, path))
+        progress.update(size)
+
+    def _compute(
+        self, runs: RunFiles, run: int, path: tuple[int, ...]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+        """Map, shuffle and group one run by bucket: (bucket bounds, columns, dropped)."""
+        nb = self.writer.counts.size
+        if runs.sizes[run] == 0:
+            return np.zeros(nb + 1, dtype=np.int64), {}, 0
         cols = runs.read(run)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 2, *path]))
         rel = cols["rel"]
@@ -104,31 +139,44 @@ class RunProcessor:
         rp, ro = self.rhs.map(cols["rs"], cols["ri"], np.maximum(rel, 0))
         keep = (lp >= 0) & (rp >= 0) & (rel >= 0)
         weight = cols.get("w")
+        dropped = 0
         if not keep.all():
-            self.dropped += int((~keep).sum())
+            dropped = int((~keep).sum())
             lp, lo, rp, ro, rel = lp[keep], lo[keep], rp[keep], ro[keep], rel[keep]
             weight = weight[keep] if weight is not None else None
         n = len(lp)
-        nb = self.writer.counts.size
         bucket = lp.astype(np.int64) * self.writer.shape[1] + rp
         bucket = bucket.astype(np.uint16 if nb <= 1 << 16 else np.int64)
         perm = rng.permutation(n)
         order = perm[np.argsort(bucket[perm], kind="stable")]
         bounds = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(np.bincount(bucket, minlength=nb), out=bounds[1:])
-        out = {"lhs": lo[order], "rhs": ro[order], "rel": rel[order]}
+        dtypes = self.writer.dtypes
+        out = {
+            "lhs": lo[order].astype(dtypes["lhs"], copy=False),
+            "rhs": ro[order].astype(dtypes["rhs"], copy=False),
+            "rel": rel[order].astype(dtypes["rel"], copy=False),
+        }
         if weight is not None:
             out["weight"] = weight[order]
+        return bounds, out, dropped
+
+    def _write(self, result: tuple[np.ndarray, dict[str, np.ndarray], int]) -> None:
+        bounds, out, dropped = result
+        self.dropped += dropped
         for b in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
             s, e = bounds[b], bounds[b + 1]
             self.writer.append(b, {c: v[s:e] for c, v in out.items()})
-        progress.update(size)
 
     def _split(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
         """Scatter an oversized run into random sub-runs of about ``run_edges`` each."""
         size = int(runs.sizes[run])
         parts = math.ceil(size / self.run_edges)
-        sub = RunFiles(runs.directory / f"split_{'_'.join(map(str, path))}", parts, has_weights="w" in runs.columns)
+        sub = RunFiles(
+            runs.directory / f"split_{'_'.join(map(str, path))}",
+            parts,
+            has_weights="w" in runs.columns,
+        )
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 3, *path]))
         for start in range(0, size, self.run_edges):
             cols = runs.read(run, start, self.run_edges)

@@ -9,9 +9,13 @@ the run files. Memory: the dictionaries (grow with the entities) plus the buffer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import queue
+import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +104,9 @@ class Collector:
         self.run_edges = run_edges
 
     # ---- one input file
-    def collect(self, source: InputFile, index: int, spill_dir: Path, progress) -> tuple[RunFiles, FileStats]:
+    def collect(
+        self, source: InputFile, index: int, spill_dir: Path, progress
+    ) -> tuple[RunFiles, FileStats]:
         stats = FileStats()
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 1, index]))
         runs: RunFiles | None = None
@@ -109,11 +115,12 @@ class Collector:
         has_weights = source.spec.weight is not None
         total = max(source.total_for_progress(), 1)
 
-        def flush() -> None:
+        def flush(position: int) -> None:
             nonlocal runs, pending, pending_edges
             if runs is None:
-                position = max(batch.position, 1)
-                estimate = stats.rows * total / position
+                # The reader reads ahead, so the position over-counts what was parsed: the
+                # factor 2 keeps runs small enough; a run that still overflows gets split.
+                estimate = 2 * stats.rows * total / position
                 num_runs = min(MAX_RUNS, max(1, math.ceil(estimate * 1.05 / self.run_edges)))
                 runs = RunFiles(spill_dir, num_runs, has_weights=has_weights)
             columns = self._encode(pending)
@@ -125,21 +132,67 @@ class Collector:
             runs.append(columns, run_ids)
             pending, pending_edges = [], 0
 
-        batch: Batch | None = None
-        for batch in source.batches():
-            item = self._prepare(source, batch, stats)
+        last_position = 1
+        seen_batch = False
+        for item, position in self._prepared(source, stats, progress):
+            seen_batch = True
+            last_position = max(position, 1)
             if item is not None:
                 pending.append(item)
                 pending_edges += len(item.rel)
-            progress.update(batch.position - progress.n)
             if pending_edges >= self._flush_threshold():
-                flush()
-        if batch is None or (stats.rows == 0 and not stats.skipped):
+                flush(last_position)
+        if not seen_batch or (stats.rows == 0 and not stats.skipped):
             raise InputError(f"{source.path}: no edges in this input (empty file or only a header)")
         if pending or runs is None:
-            flush()
+            flush(last_position)
         assert runs is not None
         return runs, stats
+
+    def _prepared(
+        self, source: InputFile, stats: FileStats, progress
+    ) -> Iterator[tuple[_Pending | None, int]]:
+        """Read and prepare batches in a background thread, one or two batches ahead.
+
+        Parsing, validation and shard grouping (pyarrow and numpy release the GIL) then
+        overlap with the dictionary merges and spilling done by the caller.
+        """
+        out: queue.Queue = queue.Queue(maxsize=2)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for batch in source.batches():
+                    item = self._prepare(source, batch, stats)
+                    progress.update(batch.position - progress.n)
+                    while not stop.is_set():
+                        try:
+                            out.put((item, batch.position), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                out.put(_DONE)
+            except BaseException as exc:  # handed to the consumer, re-raised there
+                out.put(_Failure(exc))
+
+        thread = threading.Thread(target=produce, name="bigembed-import-reader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                got = out.get()
+                if got is _DONE:
+                    break
+                if isinstance(got, _Failure):
+                    raise got.exc
+                yield got
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
+                with contextlib.suppress(queue.Empty):
+                    out.get(timeout=0.05)
+            thread.join()
 
     def _flush_threshold(self) -> int:
         entities = sum(len(d) for d in self.dictionaries)
@@ -170,8 +223,6 @@ class Collector:
             if not self.skip_bad_lines:
                 row, why = first_problem(problems)
                 raise BadRow(source, batch.first_row + row, why)
-            for prob in problems:  # count each bad row once, under its first reason
-                pass
             self._count_bad(problems, bad, batch.first_row, stats)
             keep = ~bad
             keep_arr = pa.array(keep)
@@ -184,7 +235,9 @@ class Collector:
         self.relations.add_counts(rel)
         return self._group(lhs, rhs, rel, weight)
 
-    def _count_bad(self, problems: list[Problem], bad: np.ndarray, first_row: int, stats: FileStats) -> None:
+    def _count_bad(
+        self, problems: list[Problem], bad: np.ndarray, first_row: int, stats: FileStats
+    ) -> None:
         claimed = np.zeros(len(bad), dtype=bool)
         for prob in problems:
             mine = prob.mask & ~claimed
@@ -198,7 +251,9 @@ class Collector:
         stats.examples.sort()
         del stats.examples[MAX_EXAMPLES:]
 
-    def _group(self, lhs: pa.Array, rhs: pa.Array, rel: np.ndarray, weight: np.ndarray | None) -> _Pending:
+    def _group(
+        self, lhs: pa.Array, rhs: pa.Array, rel: np.ndarray, weight: np.ndarray | None
+    ) -> _Pending:
         lhs_types = self.lhs.of(rel)
         rhs_types = self.rhs.of(rel)
         groups: dict[int, tuple[Prepared, int, np.ndarray | None, np.ndarray | None]] = {}
@@ -211,10 +266,18 @@ class Collector:
             parts = []
             n_lhs = 0
             if lhs_rows is not None:
-                parts.append(lhs if len(lhs_rows) == len(rel) and lhs_types is None else lhs.take(pa.array(lhs_rows)))
+                parts.append(
+                    lhs
+                    if len(lhs_rows) == len(rel) and lhs_types is None
+                    else lhs.take(pa.array(lhs_rows))
+                )
                 n_lhs = len(lhs_rows)
             if rhs_rows is not None:
-                parts.append(rhs if len(rhs_rows) == len(rel) and rhs_types is None else rhs.take(pa.array(rhs_rows)))
+                parts.append(
+                    rhs
+                    if len(rhs_rows) == len(rel) and rhs_types is None
+                    else rhs.take(pa.array(rhs_rows))
+                )
             values = parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
             groups[t] = (Prepared(values), n_lhs, lhs_rows, rhs_rows)
         return _Pending(rel, weight, lhs_types, rhs_types, groups)
@@ -253,6 +316,14 @@ def _rows(types: np.ndarray | None, constant: int | None, t: int, n: int) -> np.
         return np.arange(n) if constant == t else None
     rows = np.flatnonzero(types == t)
     return rows if len(rows) else None
+
+
+_DONE = object()
+
+
+@dataclass
+class _Failure:
+    exc: BaseException
 
 
 class BadRow(Exception):

@@ -74,7 +74,7 @@ def shard_keys(values: pa.Array) -> np.ndarray:
     first = word[start]
     last = word[np.where(short, start, end - 4)]  # a short string reads its own first bytes
     if short.any():
-        keep_bits = (np.uint64(1) << (np.minimum(length, 4).astype(np.uint64) * np.uint64(8)))
+        keep_bits = np.uint64(1) << (np.minimum(length, 4).astype(np.uint64) * np.uint64(8))
         mask = (keep_bits - np.uint64(1)).astype(np.uint32)
         first &= mask
         last &= mask

@@ -113,7 +113,9 @@ class EdgeStore:
         del mapped
         return out
 
-    def load_chunk(self, lhs_part: int, rhs_part: int, chunk_idx: int, num_chunks: int) -> EdgeChunk:
+    def load_chunk(
+        self, lhs_part: int, rhs_part: int, chunk_idx: int, num_chunks: int
+    ) -> EdgeChunk:
         """Chunk ``chunk_idx`` of ``num_chunks`` of bucket (lhs_part, rhs_part)."""
         n = self.num_edges(lhs_part, rhs_part)
         start, end = chunk_range(n, chunk_idx, num_chunks)

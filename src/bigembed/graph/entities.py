@@ -116,9 +116,7 @@ class EntityStore:
             raise InputError(f"{path}: unreadable entity names ({exc})") from None
         names = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         if len(names) != expected:
-            raise InputError(
-                f"{path}: holds {len(names)} names but the manifest says {expected}"
-            )
+            raise InputError(f"{path}: holds {len(names)} names but the manifest says {expected}")
         self._name_cache[key] = names
         return names
 
@@ -130,7 +128,9 @@ class EntityStore:
         """A dict from name to offset for one partition (fine for query tools, not billions)."""
         return {name: i for i, name in enumerate(self.names(entity_type, part))}
 
-    def lookup(self, entity_type: str, names: Sequence[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(
+        self, entity_type: str, names: Sequence[str] | pa.Array
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised (partition, offset) of each name; -1, -1 for unknown names."""
         values = names if isinstance(names, pa.Array) else pa.array(list(names), pa.string())
         parts = np.full(len(values), -1, dtype=np.int64)
@@ -167,7 +167,9 @@ def write_entity_store(
     for entity_type, parts in names.items():
         counts = []
         for part, array in enumerate(parts):
-            table = pa.table({"name": array.cast(pa.string()) if array.type != pa.string() else array})
+            table = pa.table(
+                {"name": array.cast(pa.string()) if array.type != pa.string() else array}
+            )
             pq.write_table(table, directory / entity_names_file(entity_type, part))
             (directory / entity_count_file(entity_type, part)).write_text(f"{len(array)}\n")
             counts.append(len(array))

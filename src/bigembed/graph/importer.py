@@ -9,6 +9,7 @@ temporary places and published together (:mod:`publish`).
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from tqdm import tqdm
 from bigembed.errors import ConfigError, InputError
 from bigembed.graph.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.graph.collect import BadRow, Collector, FileStats, SideTypes
-from bigembed.graph.dictionary import NUM_SHARDS
+from bigembed.graph.dictionary import NUM_SHARDS, ShardedDictionary
 from bigembed.graph.edges import write_edge_manifest
 from bigembed.graph.entities import write_entity_store
 from bigembed.graph.format import index_dtype
@@ -80,14 +81,25 @@ class ImportSummary:
     def format(self) -> str:
         lines = ["import summary:"]
         for etype, count in self.entities.items():
-            extra = f" ({self.dropped_entities[etype]:,} dropped by --entity-min-count)" if self.dropped_entities.get(etype) else ""
+            extra = (
+                f" ({self.dropped_entities[etype]:,} dropped by --entity-min-count)"
+                if self.dropped_entities.get(etype)
+                else ""
+            )
             lines.append(f"  entities {etype}: {count:,}{extra}")
-        extra = f" ({len(self.dropped_relations)} dropped by --relation-type-min-count)" if self.dropped_relations else ""
+        extra = (
+            f" ({len(self.dropped_relations)} dropped by --relation-type-min-count)"
+            if self.dropped_relations
+            else ""
+        )
         lines.append(f"  relation types: {self.relations:,}{extra}")
         for r in self.inputs:
             lines.append(f"  edges {r.edge_path}: {r.edges:,} (from {r.path})")
             if r.dropped_min_count:
-                lines.append(f"    {r.dropped_min_count:,} edges dropped: their entity or relation is below a min-count")
+                lines.append(
+                    f"    {r.dropped_min_count:,} edges dropped: an entity or relation of theirs "
+                    f"is below a min-count"
+                )
             for why, count in sorted(r.skipped.items()):
                 lines.append(f"    skipped {count:,} bad lines: {why}")
             for example in r.examples:
@@ -95,6 +107,10 @@ class ImportSummary:
         rate = self.total_edges / self.seconds if self.seconds > 0 else 0.0
         lines.append(f"  {self.total_edges:,} edges in {self.seconds:.1f} s ({rate:,.0f} edges/s)")
         return "\n".join(lines)
+
+
+def _peak_rss_mb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 def _side_types(cfg: ConfigSchema, type_index: dict[str, int], side: str) -> SideTypes:
@@ -150,14 +166,23 @@ class Importer:
         for path in self.opt.inputs:
             fmt, compression = detect_format(path, self.opt.format)
             sources.append(
-                InputFile(path, fmt, compression, self.opt.columns, self.opt.text, skip_bad_lines=self.opt.skip_bad_lines)
+                InputFile(
+                    path,
+                    fmt,
+                    compression,
+                    self.opt.columns,
+                    self.opt.text,
+                    skip_bad_lines=self.opt.skip_bad_lines,
+                )
             )
         publisher = Publisher(self.entity_path, self.edge_paths, force=self.opt.force)
         publisher.check()
         try:
             work = publisher.begin()
             summary = self._run(sources, work, publisher)
+            t0 = time.monotonic()
             publisher.publish()
+            logger.debug("publish: %.2f s", time.monotonic() - t0)
         except BaseException:
             publisher.abort()
             raise
@@ -167,12 +192,10 @@ class Importer:
     def _run(self, sources: list[InputFile], work: Path, publisher: Publisher) -> ImportSummary:
         cfg, opt = self.cfg, self.opt
         relations = RelationMapper([r.name for r in cfg.relations], dynamic=cfg.dynamic_relations)
-        lhs_side = _side_types(cfg, self.type_index, "lhs")
-        rhs_side = _side_types(cfg, self.type_index, "rhs")
         collector = Collector(
             num_types=len(self.type_names),
-            lhs=lhs_side,
-            rhs=rhs_side,
+            lhs=_side_types(cfg, self.type_index, "lhs"),
+            rhs=_side_types(cfg, self.type_index, "rhs"),
             relations=relations,
             count_entities=opt.entity_min_count > 1,
             skip_bad_lines=opt.skip_bad_lines,
@@ -181,46 +204,25 @@ class Importer:
             run_edges=opt.run_edges,
         )
         reports = [InputReport(s.path, e) for s, e in zip(sources, self.edge_paths, strict=True)]
-        all_runs: list[RunFiles] = []
-        for k, source in enumerate(sources):
-            unit = "rows" if source.fmt == "parquet" else "B"
-            with tqdm(
-                total=source.total_for_progress(), unit=unit, unit_scale=True, disable=not opt.progress,
-                desc=f"read {source.path.name}", leave=False,
-            ) as bar:
-                try:
-                    runs, stats = collector.collect(source, k, work / "spill" / str(k), bar)
-                except BadRow as exc:
-                    raise _bad_row_error(exc) from None
-                except BadColumnCount:
-                    raise _bad_width_error(source) from None
-            all_runs.append(runs)
-            self._report_file(source, stats, reports[k])
+        t0 = time.monotonic()
+        all_runs = [
+            self._collect(collector, source, k, work, reports[k])
+            for k, source in enumerate(sources)
+        ]
+        logger.debug("pass 1: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb())
 
+        t0 = time.monotonic()
         rel_names, rel_remap, dropped_rels = relations.finish(opt.relation_type_min_count)
         if not rel_names:
             raise InputError(
-                f"no relation type has at least --relation-type-min-count={opt.relation_type_min_count} edges"
+                f"no relation type has at least --relation-type-min-count="
+                f"{opt.relation_type_min_count} edges"
             )
         if opt.relation_type_min_count > 1 and not cfg.dynamic_relations:
             logger.warning("--relation-type-min-count applies to dynamic relations only; ignored")
         if dropped_rels and opt.entity_min_count > 1:
-            self._recount(collector, all_runs, rel_remap)
-
-        assignments: dict[str, Assignment] = {}
-        bases: dict[str, np.ndarray] = {}
-        dropped_entities: dict[str, int] = {}
-        for t, etype in enumerate(self.type_names):
-            dictionary = collector.dictionaries[t]
-            keep = None
-            if opt.entity_min_count > 1:
-                keep = dictionary.all_counts() >= opt.entity_min_count
-                dropped_entities[etype] = int((~keep).sum())
-            assignments[etype] = assign_partitions(
-                dictionary.names(), keep, cfg.entities[etype].num_partitions, cfg.seed, etype
-            )
-            bases[etype] = dictionary.bases()
-            collector.dictionaries[t] = type(dictionary)(count=False)  # free the shards
+            _recount(collector, all_runs, rel_remap)
+        assignments, bases, dropped_entities = self._assign(collector)
         write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
@@ -228,42 +230,28 @@ class Importer:
             dynamic_relations=cfg.dynamic_relations,
             seed=cfg.seed,
         )
+        logger.debug(
+            "entities and partitions: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb()
+        )
 
+        t0 = time.monotonic()
         shard_base, part_of, offset_of = self._id_space(assignments, bases)
-        lhs_map = SideMap(shard_base, part_of, offset_of, lhs_side.constant, lhs_side.by_relation)
-        rhs_map = SideMap(shard_base, part_of, offset_of, rhs_side.constant, rhs_side.by_relation)
-        lhs_parts = max(cfg.entities[getattr(r, "lhs")].num_partitions for r in cfg.relations)
-        rhs_parts = max(cfg.entities[getattr(r, "rhs")].num_partitions for r in cfg.relations)
+        sides = [
+            SideMap(shard_base, part_of, offset_of, side.constant, side.by_relation)
+            for side in (collector.lhs, collector.rhs)
+        ]
         max_count = max([max(a.counts, default=0) for a in assignments.values()], default=0)
         dtypes = {
             "lhs": index_dtype(max_count),
             "rhs": index_dtype(max_count),
             "rel": index_dtype(len(rel_names)),
-            "weight": np.dtype(np.float32),
         }
-        has_weights = opt.columns.weight is not None
-        identity = cfg.dynamic_relations is False
+        if opt.columns.weight is not None:
+            dtypes["weight"] = np.dtype(np.float32)
         for k, runs in enumerate(all_runs):
-            staging = publisher.edge_staging[k]
-            writer = BucketWriter(staging, lhs_parts, rhs_parts, dtypes, has_weights)
-            processor = RunProcessor(
-                lhs=lhs_map, rhs=rhs_map, rel_remap=None if identity else rel_remap,
-                writer=writer, run_edges=opt.run_edges, seed=cfg.seed,
-            )
-            with tqdm(
-                total=int(runs.sizes.sum()), unit="edges", unit_scale=True, disable=not opt.progress,
-                desc=f"bucket {self.edge_paths[k].name}", leave=False,
-            ) as bar:
-                processor.process_all(runs, k, bar)
-            counts = writer.finish()
-            write_edge_manifest(
-                staging, bucket_counts=counts, dtypes=dtypes if has_weights else {c: d for c, d in dtypes.items() if c != "weight"},
-                has_weights=has_weights,
-                extra={"seed": cfg.seed, "source": str(sources[k].path), "shuffled": True},
-            )
-            reports[k].edges = int(counts.sum())
-            reports[k].dropped_min_count = processor.dropped
-
+            remap = rel_remap if cfg.dynamic_relations else None
+            self._bucket(runs, k, sides, remap, dtypes, publisher.edge_staging[k], reports[k])
+        logger.debug("bucketing: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb())
         return ImportSummary(
             entities={etype: sum(a.counts) for etype, a in assignments.items()},
             relations=len(rel_names),
@@ -273,7 +261,98 @@ class Importer:
             seconds=0.0,
         )
 
-    def _id_space(self, assignments: dict[str, Assignment], bases: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _collect(
+        self, collector: Collector, source: InputFile, k: int, work: Path, report: InputReport
+    ) -> RunFiles:
+        """Pass 1 over one input, with its progress bar and its bad-line report."""
+        with tqdm(
+            total=source.total_for_progress(),
+            unit="rows" if source.fmt == "parquet" else "B",
+            unit_scale=True,
+            disable=not self.opt.progress,
+            desc=f"read {source.path.name}",
+            leave=False,
+        ) as bar:
+            try:
+                runs, stats = collector.collect(source, k, work / "spill" / str(k), bar)
+            except BadRow as exc:
+                raise _bad_row_error(exc) from None
+            except BadColumnCount:
+                raise _bad_width_error(source) from None
+        _report_file(source, stats, report)
+        return runs
+
+    def _assign(
+        self, collector: Collector
+    ) -> tuple[dict[str, Assignment], dict[str, np.ndarray], dict[str, int]]:
+        """Min-count filter and partition assignment per type; frees the dictionaries."""
+        assignments: dict[str, Assignment] = {}
+        bases: dict[str, np.ndarray] = {}
+        dropped: dict[str, int] = {}
+        min_count = self.opt.entity_min_count
+        for t, etype in enumerate(self.type_names):
+            dictionary = collector.dictionaries[t]
+            keep = None
+            if min_count > 1:
+                keep = dictionary.all_counts() >= min_count
+                dropped[etype] = int((~keep).sum())
+            assignments[etype] = assign_partitions(
+                dictionary.names(),
+                keep,
+                self.cfg.entities[etype].num_partitions,
+                self.cfg.seed,
+                etype,
+            )
+            bases[etype] = dictionary.bases()
+            collector.dictionaries[t] = ShardedDictionary(count=False)
+        return assignments, bases, dropped
+
+    def _bucket(
+        self,
+        runs: RunFiles,
+        k: int,
+        sides: list[SideMap],
+        rel_remap: np.ndarray | None,
+        dtypes: dict[str, np.dtype],
+        staging: Path,
+        report: InputReport,
+    ) -> None:
+        """Pass 2 for one input: its runs -> the bucket files and manifest of its edge path."""
+        has_weights = "weight" in dtypes
+        lhs_parts = max(self.cfg.entities[r.lhs].num_partitions for r in self.cfg.relations)
+        rhs_parts = max(self.cfg.entities[r.rhs].num_partitions for r in self.cfg.relations)
+        writer = BucketWriter(staging, lhs_parts, rhs_parts, dtypes, has_weights)
+        processor = RunProcessor(
+            lhs=sides[0],
+            rhs=sides[1],
+            rel_remap=rel_remap,
+            writer=writer,
+            run_edges=self.opt.run_edges,
+            seed=self.cfg.seed,
+        )
+        with tqdm(
+            total=int(runs.sizes.sum()),
+            unit="edges",
+            unit_scale=True,
+            disable=not self.opt.progress,
+            desc=f"bucket {self.edge_paths[k].name}",
+            leave=False,
+        ) as bar:
+            processor.process_all(runs, k, bar)
+        counts = writer.finish()
+        write_edge_manifest(
+            staging,
+            bucket_counts=counts,
+            dtypes=dtypes,
+            has_weights=has_weights,
+            extra={"seed": self.cfg.seed, "source": str(report.path), "shuffled": True},
+        )
+        report.edges = int(counts.sum())
+        report.dropped_min_count = processor.dropped
+
+    def _id_space(
+        self, assignments: dict[str, Assignment], bases: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first id of each (type, shard), partition per id, offset per id) over all types."""
         shard_base, parts, offsets = [], [], []
         start = 0
@@ -285,39 +364,45 @@ class Importer:
             start += len(a.part_of)
         return np.concatenate(shard_base), np.concatenate(parts), np.concatenate(offsets)
 
-    def _recount(self, collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:
-        """Entity counts without the edges of dropped relations (dynamic mode only)."""
-        for d in collector.dictionaries:
-            d.counts = [np.zeros(len(s), dtype=np.int64) for s in d.shards]
-        t_l, t_r = collector.lhs.constant, collector.rhs.constant
-        assert t_l is not None and t_r is not None  # dynamic: one type per side
-        for runs in all_runs:
-            for run in range(runs.num_runs):
-                cols = runs.read(run)
-                keep = rel_remap[cols["rel"]] >= 0
-                for t, s, i in ((t_l, "ls", "li"), (t_r, "rs", "ri")):
-                    d = collector.dictionaries[t]
-                    ids = d.bases()[cols[s][keep]] + cols[i][keep]
-                    counts = np.bincount(ids, minlength=len(d))
-                    bases = d.bases()
-                    for shard in range(NUM_SHARDS):
-                        lo = bases[shard]
-                        d.counts[shard] += counts[lo : lo + len(d.shards[shard])]
 
-    def _report_file(self, source: InputFile, stats: FileStats, report: InputReport) -> None:
-        report.skipped = Counter(stats.bad)
-        if source.bad_columns.count:
-            report.skipped[WRONG_WIDTH] += source.bad_columns.count
-        if not report.skipped:
-            return
-        rows = [row for row, _ in stats.examples]
-        lines = lines_of_rows(source, rows) if source.fmt != "parquet" else {}
-        report.examples = [f"{location(source, row, lines.get(row))}: {why}" for row, why in stats.examples]
-        if source.bad_columns.count and len(report.examples) < 5:
-            found = first_wrong_width(source)
-            if found is not None:
-                line, width, expected = found
-                report.examples.append(f"{source.path}:{line}: {WRONG_WIDTH}: expected {expected}, got {width}")
+def _recount(collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:
+    """Entity counts without the edges of dropped relations (dynamic mode only)."""
+    for d in collector.dictionaries:
+        d.counts = [np.zeros(len(s), dtype=np.int64) for s in d.shards]
+    t_l, t_r = collector.lhs.constant, collector.rhs.constant
+    assert t_l is not None and t_r is not None  # dynamic: one type per side
+    for runs in all_runs:
+        for run in range(runs.num_runs):
+            cols = runs.read(run)
+            keep = rel_remap[cols["rel"]] >= 0
+            for t, s, i in ((t_l, "ls", "li"), (t_r, "rs", "ri")):
+                d = collector.dictionaries[t]
+                ids = d.bases()[cols[s][keep]] + cols[i][keep]
+                counts = np.bincount(ids, minlength=len(d))
+                bases = d.bases()
+                for shard in range(NUM_SHARDS):
+                    lo = bases[shard]
+                    d.counts[shard] += counts[lo : lo + len(d.shards[shard])]
+
+
+def _report_file(source: InputFile, stats: FileStats, report: InputReport) -> None:
+    report.skipped = Counter(stats.bad)
+    if source.bad_columns.count:
+        report.skipped[WRONG_WIDTH] += source.bad_columns.count
+    if not report.skipped:
+        return
+    rows = [row for row, _ in stats.examples]
+    lines = lines_of_rows(source, rows) if source.fmt != "parquet" else {}
+    report.examples = [
+        f"{location(source, row, lines.get(row))}: {why}" for row, why in stats.examples
+    ]
+    if source.bad_columns.count and len(report.examples) < 5:
+        found = first_wrong_width(source)
+        if found is not None:
+            line, width, expected = found
+            report.examples.append(
+                f"{source.path}:{line}: {WRONG_WIDTH}: expected {expected}, got {width}"
+            )
 
 
 def run_import(cfg: ConfigSchema, options: ImportOptions) -> ImportSummary:

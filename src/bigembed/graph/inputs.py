@@ -8,10 +8,10 @@ numbers and ids happens vectorised later, where bad values can be pinpointed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -112,6 +112,10 @@ class BadColumnRows:
         return "skip" if self.skip else "error"
 
 
+def _skip(row: pacsv.InvalidRow) -> str:
+    return "skip"
+
+
 class InputFile:
     """One edge input file, opened lazily; iterate :meth:`batches` to stream it."""
 
@@ -143,15 +147,22 @@ class InputFile:
         self._resolve_columns()
 
     # ---- opening
-    def _open_stream(self) -> tuple[pa.NativeFile, pa.NativeFile]:
-        raw = pa.OSFile(os.fspath(self.path), "rb")
+    def _open_stream(self) -> tuple[BinaryIO, pa.NativeFile]:
+        """(raw file, stream to parse); ``raw.tell()`` is the progress in file bytes.
+
+        The file is wrapped as a Python file on purpose: given an OS file, pyarrow's streaming
+        CSV reader reads ahead without bound when parsing is the slower side (measured: most
+        of a 600 MB file in memory), which would make memory grow with the input.
+        """
+        raw = open(self.path, "rb")  # noqa: SIM115 (closed by the caller)
+        stream = pa.PythonFile(raw, mode="r")
         if self.compression is None:
-            return raw, raw
-        return raw, pa.CompressedInputStream(raw, self.compression)
+            return raw, stream
+        return raw, pa.CompressedInputStream(stream, self.compression)
 
     def _text_reader(
         self, include: list[str] | None, block_size: int
-    ) -> tuple[pa.NativeFile, pacsv.CSVStreamingReader]:
+    ) -> tuple[BinaryIO, pacsv.CSVStreamingReader]:
         raw, stream = self._open_stream()
         read = pacsv.ReadOptions(
             block_size=block_size,
@@ -166,14 +177,16 @@ class InputFile:
             quoted_strings_can_be_null=False,
         )
         parse = self.text.parse_options(self.fmt)
-        if include is not None:
-            parse.invalid_row_handler = self.bad_columns.handler
+        # The probe for the column names (include None) only needs the first row.
+        parse.invalid_row_handler = self.bad_columns.handler if include is not None else _skip
         try:
             reader = pacsv.open_csv(
                 stream, read_options=read, parse_options=parse, convert_options=convert
             )
         except pa.ArrowInvalid as exc:
             raw.close()
+            if self.bad_columns.first_text is not None and not self.bad_columns.skip:
+                raise BadColumnCount(self) from None
             if "Empty CSV file" in str(exc):
                 raise InputError(f"{self.path}: empty input file (no edges)") from None
             raise self._arrow_error(exc) from None

@@ -32,6 +32,15 @@ ENTITY_PATTERNS = (
 )
 
 
+def _make_temp_dir(prefix: str, parent: Path) -> Path:
+    """mkdtemp with the permissions of an ordinary mkdir (mkdtemp's are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    return path
+
+
 def existing_entity_files(path: Path) -> list[Path]:
     if not path.is_dir():
         return []
@@ -86,12 +95,12 @@ class Publisher:
     def begin(self) -> Path:
         """Create the staging directories; returns the work dir (entity files, spill)."""
         self._mkdirs(self.entity_path)
-        self.work = Path(tempfile.mkdtemp(prefix=".bigembed-import-", dir=self.entity_path))
+        self.work = _make_temp_dir(".bigembed-import-", self.entity_path)
         (self.work / "entities").mkdir()
         (self.work / "spill").mkdir()
         for path in self.edge_paths:
             self._mkdirs(path.parent)
-            staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.import-", dir=path.parent))
+            staging = _make_temp_dir(f".{path.name}.import-", path.parent)
             self.edge_staging.append(staging)
         return self.work
 
@@ -127,7 +136,9 @@ class Publisher:
                 fsync_dir(final.parent)
             old = existing_entity_files(self.entity_path)
             if old and not self.force:
-                raise OutputExistsError(f"{self.entity_path}: an entity store appeared during the import")
+                raise OutputExistsError(
+                    f"{self.entity_path}: an entity store appeared during the import"
+                )
             backup = self.work / "replaced"
             backup.mkdir()
             for path in old:

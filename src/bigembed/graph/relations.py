@@ -99,7 +99,9 @@ class RelationMapper:
             return self.config_names, np.arange(len(self.config_names), dtype=np.int32), []
         names = self.dictionary.values.to_pylist()
         counts = self.counts[: len(names)]
-        kept = [i for i in sorted(range(len(names)), key=lambda i: names[i]) if counts[i] >= min_count]
+        kept = [
+            i for i in sorted(range(len(names)), key=lambda i: names[i]) if counts[i] >= min_count
+        ]
         dropped = sorted(names[i] for i in range(len(names)) if counts[i] < min_count)
         remap = np.full(len(names), -1, dtype=np.int32)
         remap[np.array(kept, dtype=np.int64)] = np.arange(len(kept), dtype=np.int32)

@@ -54,7 +54,9 @@ def as_strings(column: pa.Array) -> pa.Array:
 
 def _lengths(values: pa.Array) -> np.ndarray:
     n = len(values)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + n + 1]
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[
+        values.offset : values.offset + n + 1
+    ]
     return np.diff(offsets)
 
 

@@ -30,20 +30,17 @@ def row_adagrad_update(
     """
     if not updates:
         return 0
-    if len(updates) == 1:
-        idx, grad = updates[0]
-    else:
-        idx = torch.cat([u[0] for u in updates])
-        grad = torch.cat([u[1] for u in updates])
-    idx = idx.long()
-    uniq, inverse = torch.unique(idx, return_inverse=True)
-    if uniq.numel() != idx.numel():
-        summed = grad.new_zeros((uniq.numel(), grad.shape[1]))
-        summed.index_add_(0, inverse, grad)
-    else:
-        summed = grad.new_empty((uniq.numel(), grad.shape[1]))
-        summed.index_copy_(0, inverse, grad)
-    sq = summed.pow(2).mean(dim=1)
+    idx = torch.cat([u[0] for u in updates]) if len(updates) > 1 else updates[0][0]
+    uniq, inverse = torch.unique(idx.long(), return_inverse=True)
+    dim = updates[0][1].shape[1]
+    # Sum the gradients of duplicate rows block by block (no concatenated copy of them).
+    summed = updates[0][1].new_zeros((uniq.numel(), dim))
+    start = 0
+    for rows, grad in updates:
+        n = rows.shape[0]
+        summed.index_add_(0, inverse[start : start + n], grad)
+        start += n
+    sq = torch.linalg.vector_norm(summed, dim=1).square_().div_(dim)
     local = state.index_select(0, uniq).add_(sq)
     state.index_add_(0, uniq, sq)
     step = summed.div_(local.sqrt_().add_(EPS).unsqueeze(1)).mul_(-lr)

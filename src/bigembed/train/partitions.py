@@ -16,6 +16,7 @@ import logging
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -49,6 +50,15 @@ class PartitionSource:
     version: int
 
 
+class PartitionRemote(Protocol):
+    """Where swapped-out partitions live instead of the checkpoint directory (distributed mode:
+    the partition servers). A partition the remote does not hold is read from disk as usual."""
+
+    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool: ...
+
+    def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None: ...
+
+
 class PartitionStore:
     def __init__(
         self,
@@ -63,6 +73,7 @@ class PartitionStore:
         seed: int,
         shared: bool,
         pinned: Iterable[PartitionKey] = (),
+        remote: PartitionRemote | None = None,
     ) -> None:
         self.counts = counts
         self.dims = dims
@@ -74,6 +85,7 @@ class PartitionStore:
         self.seed = seed
         self.shared = shared
         self.pinned = set(pinned)
+        self.remote = remote
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
@@ -116,7 +128,9 @@ class PartitionStore:
         etype, part = key
         table = self._allocate(key)
         ck = self.checkpoint
-        if ck.has_partition(etype, part, self.working):
+        if self.remote is not None and self.remote.fetch(key, table.emb, table.state):
+            pass
+        elif ck.has_partition(etype, part, self.working):
             ck.load_partition(etype, part, self.working, table.emb, table.state)
         elif self.committed > 0 and ck.has_partition(etype, part, self.committed):
             ck.load_partition(etype, part, self.committed, table.emb, table.state)
@@ -133,19 +147,33 @@ class PartitionStore:
         return table
 
     def _save(self, key: PartitionKey, table: Table) -> None:
-        self.checkpoint.save_partition(key[0], key[1], self.working, table.emb, table.state)
+        if self.remote is not None:
+            self.remote.store(key, table.emb, table.state)
+        else:
+            self.checkpoint.save_partition(key[0], key[1], self.working, table.emb, table.state)
         self.bytes_written += self.table_bytes(key)
 
     def get(self, key: PartitionKey) -> Table:
         return self.loaded[key]
 
-    def ensure(self, needed: Iterable[PartitionKey]) -> dict[PartitionKey, Table]:
-        """Make exactly ``needed`` (plus pinned partitions) resident; swap the rest out."""
-        want = set(needed) | self.pinned
-        for key in sorted(set(self.loaded) - want):
+    def read(self, key: PartitionKey) -> Table:
+        """A partition's current value in a fresh table, without making it resident."""
+        return self._load(key)
+
+    def evict(self, keep: Iterable[PartitionKey] = ()) -> list[PartitionKey]:
+        """Swap out every resident partition except ``keep`` and the pinned ones; returns them."""
+        want = set(keep) | self.pinned
+        out = sorted(set(self.loaded) - want)
+        for key in out:
             table = self.loaded.pop(key)
             self._save(key, table)
             self.dirty.discard(key)
+        return out
+
+    def ensure(self, needed: Iterable[PartitionKey]) -> dict[PartitionKey, Table]:
+        """Make exactly ``needed`` (plus pinned partitions) resident; swap the rest out."""
+        want = set(needed) | self.pinned
+        self.evict(want)
         for key in sorted(want - set(self.loaded)):
             self.loaded[key] = self._load(key)
         self.dirty |= want

@@ -1,0 +1,99 @@
+"""``bigembed eval CONFIG``: rank held-out edges against all entities, raw and filtered."""
+
+from __future__ import annotations
+
+import argparse
+
+from bigembed.config import add_config_arguments, config_from_args
+
+
+def _column(value: str) -> int | str:
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
+    """Options for reading edge *files* of names (imported edge paths need none of them)."""
+    g = p.add_argument_group("edge files of names (TSV/CSV/Parquet)")
+    g.add_argument("--lhs-col", type=_column, default=0, help="lhs column: index or name (0)")
+    g.add_argument("--rel-col", type=_column, default=1,
+                   help="relation column: index or name (1); -1 = none, every edge is relation 0")
+    g.add_argument("--rhs-col", type=_column, default=2, help="rhs column: index or name (2)")
+    g.add_argument("--header", action="store_true", help="text files start with a header line")
+    g.add_argument("--delimiter", help="text field separator (default: tab for .tsv/.txt, comma "
+                   "for .csv)")
+    g.add_argument("--format", choices=("tsv", "csv", "parquet"), dest="input_format",
+                   help="file format when the extension does not tell")
+    g.add_argument("--skip-unknown", action="store_true",
+                   help="leave out (and count) edges whose entity or relation names the model "
+                   "does not know, instead of stopping at the first")
+
+
+def file_options(args: argparse.Namespace):
+    from bigembed.eval.edge_input import FileOptions
+    from bigembed.graph.inputs import ColumnSpec, TextOptions
+
+    rel = None if args.rel_col == -1 else args.rel_col
+    return FileOptions(
+        columns=ColumnSpec(lhs=args.lhs_col, rel=rel, rhs=args.rhs_col),
+        text=TextOptions(header=args.header, delimiter=args.delimiter),
+        format=args.input_format,
+        skip_unknown=args.skip_unknown,
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a trained model: MRR, Hits@k, mean rank, AUC (raw and filtered)",
+        description="Rank each edge's head and tail against every entity of their type "
+        "(full ranking, the default) or against sampled negatives like PBG's "
+        "torchbiggraph_eval (--protocol sampled), and report MRR, MR, Hits@1/3/10/50 and AUC, "
+        "raw and filtered (known true edges left out of the candidates).",
+    )
+    add_config_arguments(p)
+    p.add_argument("--edges", nargs="+", metavar="PATH",
+                   help="edge sets to evaluate: imported edge paths or TSV/CSV/Parquet files of "
+                   "names (default: the config's edge_paths)")
+    p.add_argument("--filter-edges", nargs="+", metavar="PATH",
+                   help="known true edges to filter with (default: the config's edge_paths); "
+                   "the evaluated edges are always included")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--filtered", dest="filtered", action="store_true", default=True,
+                       help="report raw and filtered metrics (default)")
+    group.add_argument("--raw-only", dest="filtered", action="store_false",
+                       help="report raw metrics only (no filter sets needed)")
+    p.add_argument("--per-relation", action="store_true", help="also report each relation")
+    p.add_argument("--protocol", choices=("full", "sampled"), default="full",
+                   help="full: against all entities of the type (default); sampled: against the "
+                   "config's num_batch_negs / num_uniform_negs from the same partition, like PBG")
+    p.add_argument("--output", metavar="FILE.json", help="also write the report as JSON here")
+    p.add_argument("--entity-path", help="entity names (default: the config's entity_path)")
+    p.add_argument("--chunk-size", type=int, default=1024,
+                   help="queries scored at once (memory: chunk x candidates floats)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_edge_file_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bigembed.atomic import atomic_write_text
+    from bigembed.eval.report import evaluate_checkpoint
+
+    cfg = config_from_args(args)
+    report = evaluate_checkpoint(
+        cfg,
+        args.edges,
+        args.filter_edges,
+        filtered=args.filtered,
+        per_relation=args.per_relation,
+        protocol=args.protocol,
+        entity_path=args.entity_path,
+        file_options=file_options(args),
+        chunk_size=max(1, args.chunk_size),
+        progress=not args.no_progress,
+    )
+    print(report.table())
+    if args.output:
+        atomic_write_text(args.output, report.to_json())
+        print(f"Wrote {args.output}")
+    return 0

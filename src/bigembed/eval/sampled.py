@@ -1,0 +1,125 @@
+"""PBG-style sampled-negative evaluation (what ``torchbiggraph_eval`` reports).
+
+Edges are grouped by bucket (the partitions of their two entities), cut into batches as in
+training, and each positive is ranked against the *sampled* negatives training would use: the
+config's ``num_batch_negs`` other positives of its chunk and ``num_uniform_negs`` entities drawn
+from the same partition (or the whole partition with ``all_negs``). Ranks are raw only; the
+numbers depend on the negative counts and on the partitioning, which is why full ranking is
+bigembed's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bigembed.eval.ranking import EvalEdges, RankingResult, SideRanks
+from bigembed.inference import EntityTables
+from bigembed.model.negatives import MASKED
+from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.train.batching import make_batches
+from bigembed.train.step import Table, gather_side
+
+
+@dataclass
+class SampledResult:
+    ranking: RankingResult  # rows in evaluation order (not input order)
+    loss_sum: float
+    num_negatives: float  # mean number of negatives per ranked positive
+
+
+def _partition_of(bases: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return np.searchsorted(bases, ids, side="right") - 1
+
+
+@torch.no_grad()
+def sampled_ranks(
+    model: ScoringModel,
+    tables: EntityTables,
+    edges: EvalEdges,
+    negs: NegativeSettings,
+    batch_size: int,
+    seed: int,
+    progress: Callable[[float], None] | None = None,
+) -> SampledResult:
+    """Rank every edge against sampled negatives; returns per-positive ranks of both sides."""
+    model.eval()
+    cfg = model.config
+    relations = cfg.relations
+    rel_cfg = [relations[0]] * max(1, model.num_relations) if model.dynamic else list(relations)
+    lhs_types = np.array([r.lhs for r in rel_cfg])
+    rhs_types = np.array([r.rhs for r in rel_cfg])
+    n = len(edges)
+    lhs_part = np.zeros(n, np.int64)
+    rhs_part = np.zeros(n, np.int64)
+    for types, ids, dest in ((lhs_types, edges.lhs, lhs_part), (rhs_types, edges.rhs, rhs_part)):
+        for etype in np.unique(types[edges.rel]).tolist():
+            sel = np.flatnonzero(types[edges.rel] == etype)
+            dest[sel] = _partition_of(tables.bases(etype), ids[sel])
+    if negs.num_batch_negs > 0:
+        batch_size = -(-batch_size // negs.num_batch_negs) * negs.num_batch_negs
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in ("rel", "lr", "lc", "rr", "rc")}
+    loss_sum = 0.0
+    buckets = np.unique(np.stack([lhs_part, rhs_part], axis=1), axis=0) if n else []
+    for i, j in buckets:
+        sel = np.flatnonzero((lhs_part == i) & (rhs_part == j))
+        rel = edges.rel[sel]
+        lhs_off = np.empty(len(sel), np.int64)
+        rhs_off = np.empty(len(sel), np.int64)
+        for types, ids, part, dest in ((lhs_types, edges.lhs, int(i), lhs_off),
+                                       (rhs_types, edges.rhs, int(j), rhs_off)):
+            for etype in np.unique(types[rel]).tolist():
+                m = np.flatnonzero(types[rel] == etype)
+                dest[m] = ids[sel[m]] - tables.bases(etype)[part]
+        sides = [((r.lhs, int(i) if cfg.entities[r.lhs].num_partitions > 1 else 0),
+                  (r.rhs, int(j) if cfg.entities[r.rhs].num_partitions > 1 else 0))
+                 for r in (relations[:1] if model.dynamic else relations)]
+        cache: dict[tuple[str, int], Table] = {}
+
+        def table(key: tuple[str, int], cache=cache) -> Table:
+            if key not in cache:
+                cache[key] = Table(tables.table(*key), torch.empty(0))
+            return cache[key]
+
+        batches = make_batches(torch.from_numpy(lhs_off), torch.from_numpy(rhs_off),
+                               torch.from_numpy(rel), None, batch_size, model.dynamic, rng)
+        for batch in batches:
+            lhs_key, rhs_key = sides[batch.relation_idx]
+            all_negs = bool(model.relation_config(batch.relation_idx).all_negs)
+            ls, _ = gather_side(table(lhs_key), batch.lhs, negs, all_negs, gen, None, grad=False)
+            rs, _ = gather_side(table(rhs_key), batch.rhs, negs, all_negs, gen, None, grad=False)
+            scores = model(ls, rs, batch.rel, batch.relation_idx, None, negs)
+            loss_sum += float(scores.loss)
+            out["rel"].append(batch.rel.numpy())
+            for key, pos, neg, enabled in (
+                ("l", scores.lhs_pos, scores.lhs_neg, not negs.disable_lhs),
+                ("r", scores.rhs_pos, scores.rhs_neg, not negs.disable_rhs),
+            ):
+                ranks, cands = _ranks(pos, neg) if enabled else (None, None)
+                out[f"{key}r"].append(ranks if ranks is not None else np.empty(0, np.int64))
+                out[f"{key}c"].append(cands if cands is not None else np.empty(0, np.int64))
+            if progress:
+                progress(len(batch))
+    cat = {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in out.items()}
+    lhs = SideRanks(raw=cat["lr"], candidates=cat["lc"]) if not negs.disable_lhs else None
+    rhs = SideRanks(raw=cat["rr"], candidates=cat["rc"]) if not negs.disable_rhs else None
+    counts = [s.candidates - 1 for s in (lhs, rhs) if s is not None and len(s.candidates)]
+    mean_negs = float(np.concatenate(counts).mean()) if counts else 0.0
+    return SampledResult(RankingResult(rel=cat["rel"], lhs=lhs, rhs=rhs), loss_sum, mean_negs)
+
+
+def _ranks(pos: torch.Tensor, neg: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks (ties count against the positive) and candidates (unmasked negatives + 1)."""
+    ranks = torch.ones(pos.shape[0], dtype=torch.long)
+    cands = torch.ones(pos.shape[0], dtype=torch.long)
+    p = pos.unsqueeze(1)
+    for block in neg:
+        valid = block > MASKED / 2
+        ranks += ((block >= p) & valid).sum(dim=1)
+        cands += valid.sum(dim=1)
+    return ranks.numpy(), cands.numpy()
