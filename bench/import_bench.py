@@ -70,8 +70,8 @@ def write_config(work: Path, partitions: int) -> Path:
     return path
 
 
-def run_measured(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of a child process."""
+def run_measured(argv: list[str]) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds, peak RSS MiB, stdout) of a child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -81,7 +81,7 @@ def run_measured(argv: list[str]) -> tuple[float, float, str]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(argv)}\n{out}")
-    return seconds, usage.ru_maxrss / 1024, out
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out
 
 
 def child(config: str, data: str) -> None:
@@ -117,14 +117,14 @@ def main() -> None:
                 config = write_config(work, args.partitions)
                 if mode == "api":
                     argv = [sys.executable, __file__, "--child", str(config), str(data)]
-                    _wall, rss, out = run_measured(argv)
+                    _wall, cpu, rss, out = run_measured(argv)
                     result = json.loads(out.strip().splitlines()[-1])
                     seconds = result["seconds"]
                     assert result["edges"] == num_edges
                 else:
                     argv = [cli, "import", str(config), str(data), "--no-progress"]
-                    seconds, rss, _out = run_measured(argv)
-                rows.append((num_edges, size_mb, mode, seconds, num_edges / seconds, rss))
+                    seconds, cpu, rss, _out = run_measured(argv)
+                rows.append((num_edges, size_mb, mode, seconds, num_edges / seconds, cpu, rss))
                 print(f"  {mode} {num_edges:,} edges: {seconds:.1f} s", file=sys.stderr)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
@@ -133,11 +133,16 @@ def main() -> None:
         f"{args.partitions} partitions, TSV input, {os.cpu_count()} CPUs"
     )
     columns = ("edges", 12), ("input MB", 9), ("mode", 4), ("seconds", 8), ("edges/s", 11)
+    columns += (("CPU s", 6),)
     header = " ".join(f"{name:>{width}}" for name, width in columns) + " peak RSS MB"
+    print(
+        f"(1-min load average at the end: {os.getloadavg()[0]:.1f}; CPU s = user + sys of the run)"
+    )
     print(header)
     print("-" * len(header))
-    for num_edges, size_mb, mode, seconds, rate, rss in rows:
+    for num_edges, size_mb, mode, seconds, rate, cpu, rss in rows:
         line = f"{num_edges:>12,} {size_mb:>9,.0f} {mode:>4} {seconds:>8.2f} {rate:>11,.0f}"
+        line += f" {cpu:>6.1f}"
         print(f"{line} {rss:>11,.0f}")
 
 

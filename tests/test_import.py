@@ -10,10 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bigembed.datasets import fb15k237_files
 from bigembed.graph import EdgeStore, EntityStore
 from graph_helpers import do_import, leftovers, random_edges, read_back, write_config, write_tsv
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "fb15k237"
 
 
 def test_round_trip_every_edge_once_in_its_bucket(tmp_path: Path) -> None:
@@ -198,7 +197,8 @@ def test_fb15k237_three_edge_paths_share_one_dictionary(tmp_path: Path) -> None:
         dynamic=True,
         edge_paths=["train", "valid", "test"],
     )
-    inputs = [DATA / f"{s}.txt.gz" for s in ("train", "valid", "test")]
+    files = fb15k237_files()
+    inputs = [files[s] for s in ("train", "valid", "test")]
     cfg, summary = do_import(config, inputs)
     names = set()
     rels = set()

@@ -30,6 +30,7 @@ GOOD = "a\tr\tb\nb\tr\tc\n"
         (GOOD + "c\tr\n", 3, "wrong number of columns: expected 3, got 2"),
         (GOOD + "\nc\tr\td\textra\n", 4, "wrong number of columns: expected 3, got 4"),
         (GOOD + "\n\nc\tr\t\n", 5, "empty entity name"),
+        (GOOD + "c\t\td\n", 3, "empty relation name"),
         (GOOD * 3 + "c\tzz\td\n", 7, "unknown relation ('zz' is not in the config's relations)"),
         (GOOD + "c\tr\td\n\nx\tr\t\xff\n", None, None),  # replaced with bytes below
     ],
@@ -132,3 +133,43 @@ def test_edge_path_alone_exists(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code != 0 and "edges: edge path already exists" in err
     assert not (tmp_path / "out" / "entities").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_parquet_bad_row_is_named_by_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    config = write_config(tmp_path)
+    data = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"h": ["a", "b", None], "r": ["r", "r", "r"], "t": ["b", "c", "d"]}), data
+    )
+    code, err = _run(
+        capsys, str(config), str(data), "--lhs-col", "h", "--rel-col", "r", "--rhs-col", "t"
+    )
+    assert code != 0 and f"{data}: row 3: empty entity name" in err
+    _assert_clean(tmp_path)
+    code, err = _run(capsys, str(config), str(data), "--rhs-col", "nope")
+    assert code != 0 and "no column 'nope' for --rhs-col (columns: h, r, t)" in err
+    not_parquet = tmp_path / "x.parquet"
+    not_parquet.write_text("a\tr\tb\n")
+    code, err = _run(capsys, str(config), str(not_parquet))
+    assert code != 0 and f"{not_parquet}: cannot read this parquet file" in err
+    _assert_clean(tmp_path)
+
+
+def test_unknown_extension_and_forced_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(
+        tmp_path, entities={"node": 1, "unused": 2}, relations=[("r", "node", "node")]
+    )
+    data = tmp_path / "edges.dat"
+    data.write_text(GOOD)
+    code, err = _run(capsys, str(config), str(data))
+    assert code != 0 and "cannot tell the format" in err and "--format" in err
+    code, out = _run(capsys, str(config), str(data), "--format", "tsv")
+    assert code == 0, out
+    assert "entities unused: 0" in out

@@ -223,3 +223,20 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
     leftovers = [p.name for p in Path(cfg.checkpoint_path).iterdir() if p.name.endswith(".tmp")]
     assert not leftovers
     assert not store.files_of(13)
+
+
+def test_bfloat16_compute_mode_trains(tmp_path: Path) -> None:
+    write_graph(tmp_path, num_edges=1500)
+    cfg = graph_config(tmp_path, num_epochs=2, compute_dtype="bfloat16")
+    result = train(cfg, progress=False)
+    steps = [r for r in _stats(cfg) if r["type"] == "step"]
+    assert steps[1]["stats"]["loss"] < steps[0]["stats"]["loss"]
+    emb = load_trained(cfg.checkpoint_path).embeddings("node", 0)
+    assert emb.dtype == torch.float32, "master weights stay fp32"
+    assert result.version == 2
+
+
+def test_pbg_uniform_negative_groups(tmp_path: Path) -> None:
+    write_graph(tmp_path, num_edges=1500)
+    cfg = graph_config(tmp_path, num_epochs=1, uniform_negs_group=20)
+    assert np.isfinite(train(cfg, progress=False).last_stats["stats"]["loss"])

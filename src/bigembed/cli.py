@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -65,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bigembed {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `bigembed ... | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

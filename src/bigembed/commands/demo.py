@@ -87,21 +87,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> None:
-    try:
-        from bigembed.eval.report import evaluate_checkpoint
-    except ImportError:  # evaluation reporting not available: fall back to the core ranking
-        evaluate_checkpoint = None
-    if evaluate_checkpoint is None:
-        print("   (evaluation reporting is not installed)")
-        return
+    from bigembed.eval.report import evaluate_checkpoint
+
     report = evaluate_checkpoint(cfg, edge_paths=[splits[2]], filter_paths=splits, progress=progress)
     print(report.table())
     out = work / "eval_test.json"
     report.write_json(out) if hasattr(report, "write_json") else out.write_text(report.to_json())
     print(f"   written to {out}")
-    try:
-        from bigembed.query import example_predictions
-    except ImportError:
-        return
-    print("\nExample predictions (top tails for test heads):")
-    print(example_predictions(cfg.checkpoint_path, n=5))
+    from bigembed.query import example_predictions, load
+
+    print("\nExample predictions on test edges (top tails; * marks the true one):")
+    print(example_predictions(load(cfg.checkpoint_path), n=5, edge_path=splits[2]))

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bigembed.eval.directions import direction, pair_scores
 from bigembed.eval.filters import KnownEdges
 from bigembed.model.comparators import Comparator, DotComparator
 from bigembed.model.scoring import ScoringModel
@@ -131,82 +132,57 @@ class _Rows:
 
 def _tasks(model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges | None,
            side: str) -> Iterator[_Task]:
-    """The ranking tasks of one side (see the module docstring of bigembed.model.scoring)."""
-    cmp = model.comparator
+    """The ranking tasks of one side: groups of edges sharing candidates (type and transform)."""
     h, r, t = edges.lhs, edges.rel, edges.rhs
     nrel = max(model.num_relations, int(r.max()) + 1 if len(r) else 1)
+    given, true = (t, h) if side == "lhs" else (h, t)
 
-    def adjust(x: Tensor, etype: str) -> Tensor:
-        return model._adjust(x, etype)
-
-    def heads_known(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         assert known is not None
-        return known.true_heads(t[idx], r[idx])
-
-    def tails_known(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        assert known is not None
+        if side == "lhs":
+            return known.true_heads(t[idx], r[idx])
         return known.true_tails(h[idx], r[idx])
 
+    filt = lookup if known is not None else None
     if model.dynamic:
-        rcfg = model.config.relations[0]
-        everything = np.arange(len(edges))
-        if side == "lhs":  # c(lhs', op_rhs[r](rhs)) for every lhs'
-            def anchors(idx: np.ndarray) -> Tensor:
-                x = adjust(rows.gather(rcfg.rhs, t[idx]), rcfg.rhs)
-                return cmp.prepare(model.rhs_operators[0](x, torch.from_numpy(r[idx])))
+        d = direction(model, side, 0)
 
-            yield _Task(rcfg.lhs, everything, t * nrel + r, h, anchors,
-                        lambda x: cmp.prepare(adjust(x, rcfg.lhs)),
-                        heads_known if known else None)
-        else:  # c(rhs', op_lhs[r](lhs)) for every rhs'
-            def anchors(idx: np.ndarray) -> Tensor:
-                x = adjust(rows.gather(rcfg.lhs, h[idx]), rcfg.lhs)
-                return cmp.prepare(model.lhs_operators[0](x, torch.from_numpy(r[idx])))
+        def dyn_anchors(idx: np.ndarray) -> Tensor:
+            return d.anchors(rows.gather(d.source_type, given[idx]), torch.from_numpy(r[idx]))
 
-            yield _Task(rcfg.rhs, everything, h * nrel + r, t, anchors,
-                        lambda x: cmp.prepare(adjust(x, rcfg.rhs)),
-                        tails_known if known else None)
+        yield _Task(d.target_type, np.arange(len(edges)), given * nrel + r, true, dyn_anchors,
+                    d.candidates, filt)
         return
 
-    relations = model.config.relations
+    dirs = [direction(model, side, i) for i in range(len(model.config.relations))]
     if side == "lhs":
-        # c(lhs', op_r(rhs)): candidates do not depend on r, so one task per lhs type.
-        lhs_types = np.array([rel.lhs for rel in relations])
-        for etype in dict.fromkeys(lhs_types.tolist()):
-            sel = np.flatnonzero(lhs_types[r] == etype)
-            if len(sel) == 0:
-                continue
-
-            def anchors(idx: np.ndarray) -> Tensor:
-                out: Tensor | None = None
-                for ridx in np.unique(r[idx]):
-                    part = np.flatnonzero(r[idx] == ridx)
-                    rcfg = relations[int(ridx)]
-                    x = adjust(rows.gather(rcfg.rhs, t[idx[part]]), rcfg.rhs)
-                    y = cmp.prepare(model.rhs_operator(int(ridx))(x))
-                    if out is None:
-                        out = y.new_empty((len(idx), y.shape[1]))
-                    out[torch.from_numpy(part)] = y
-                assert out is not None
-                return out
-
-            yield _Task(etype, sel, t[sel] * nrel + r[sel], h[sel], anchors,
-                        lambda x, e=etype: cmp.prepare(adjust(x, e)),
-                        heads_known if known else None)
+        # candidates (lhs + g) do not depend on the relation: one task per lhs type
+        groups = {}
+        for i, d in enumerate(dirs):
+            groups.setdefault(d.target_type, []).append(i)
     else:
-        # c(lhs, op_r(rhs')): the operator acts on the candidates, so one task per relation.
-        for ridx, rcfg in enumerate(relations):
-            sel = np.flatnonzero(r == ridx)
-            if len(sel) == 0:
-                continue
-            op = model.rhs_operator(ridx)
+        # the operator acts on the candidates: one task per relation
+        groups = {i: [i] for i in range(len(dirs))}
+    for members in groups.values():
+        sel = np.flatnonzero(np.isin(r, members))
+        if len(sel) == 0:
+            continue
 
-            def anchors(idx: np.ndarray, rcfg=rcfg) -> Tensor:
-                return cmp.prepare(adjust(rows.gather(rcfg.lhs, h[idx]), rcfg.lhs))
+        def std_anchors(idx: np.ndarray) -> Tensor:
+            out: Tensor | None = None
+            for ridx in np.unique(r[idx]).tolist():
+                part = np.flatnonzero(r[idx] == ridx)
+                d = dirs[ridx]
+                y = d.anchors(rows.gather(d.source_type, given[idx[part]]), None)
+                if out is None:
+                    out = y.new_empty((len(idx), y.shape[1]))
+                out[torch.from_numpy(part)] = y
+            assert out is not None
+            return out
 
-            yield _Task(rcfg.rhs, sel, h[sel], t[sel], anchors,
-                        lambda x, op=op, e=rcfg.rhs: cmp.prepare(op(adjust(x, e))),
-                        tails_known if known else None)
+        d0 = dirs[members[0]]
+        yield _Task(d0.target_type, sel, given[sel] * nrel + r[sel], true[sel], std_anchors,
+                    d0.candidates, filt)
 
 
 @torch.no_grad()
@@ -289,8 +265,7 @@ def _rank_sorted(model, task: _Task, idx: np.ndarray, keys: np.ndarray, true_ids
     for s in range(0, n, 4096):
         sl = slice(s, s + 4096)
         truth = task.candidates(rows.gather(task.etype, true_ids[sl])).float()
-        a = anchors[torch.from_numpy(inv[sl])]
-        pos_t[sl] = cmp.neg(a.unsqueeze(1), truth.unsqueeze(1)).reshape(-1)
+        pos_t[sl] = pair_scores(model, anchors[torch.from_numpy(inv[sl])], truth)
     pos = pos_t.numpy()
 
     ge = np.zeros(n, np.int64)  # candidates (the true one included) scoring >= positive

@@ -113,15 +113,12 @@ class Collector:
         pending: list[_Pending] = []
         pending_edges = 0
         has_weights = source.spec.weight is not None
-        total = max(source.total_for_progress(), 1)
 
         def flush(position: int) -> None:
             nonlocal runs, pending, pending_edges
             if runs is None:
-                # The reader reads ahead, so the position over-counts what was parsed: the
-                # factor 2 keeps runs small enough; a run that still overflows gets split.
-                estimate = 2 * stats.rows * total / position
-                num_runs = min(MAX_RUNS, max(1, math.ceil(estimate * 1.05 / self.run_edges)))
+                estimate = source.estimate_rows(seen_rows, seen_bytes, position)
+                num_runs = min(MAX_RUNS, max(1, math.ceil(estimate * 1.1 / self.run_edges)))
                 runs = RunFiles(spill_dir, num_runs, has_weights=has_weights)
             columns = self._encode(pending)
             run_ids = (
@@ -134,8 +131,11 @@ class Collector:
 
         last_position = 1
         seen_batch = False
-        for item, position in self._prepared(source, stats, progress):
+        seen_rows = seen_bytes = 0
+        for item, batch_rows, batch_bytes, position in self._prepared(source, stats, progress):
             seen_batch = True
+            seen_rows += batch_rows
+            seen_bytes += batch_bytes
             last_position = max(position, 1)
             if item is not None:
                 pending.append(item)
@@ -151,7 +151,7 @@ class Collector:
 
     def _prepared(
         self, source: InputFile, stats: FileStats, progress
-    ) -> Iterator[tuple[_Pending | None, int]]:
+    ) -> Iterator[tuple[_Pending | None, int, int, int]]:
         """Read and prepare batches in a background thread, one or two batches ahead.
 
         Parsing, validation and shard grouping (pyarrow and numpy release the GIL) then
@@ -167,7 +167,10 @@ class Collector:
                     progress.update(batch.position - progress.n)
                     while not stop.is_set():
                         try:
-                            out.put((item, batch.position), timeout=0.1)
+                            out.put(
+                                (item, batch.num_rows, batch.text_bytes, batch.position),
+                                timeout=0.1,
+                            )
                             break
                         except queue.Full:
                             continue

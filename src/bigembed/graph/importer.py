@@ -52,7 +52,7 @@ class ImportOptions:
     force: bool = False
     progress: bool = True
     buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
-    run_edges: int = 4_000_000  # edges shuffled in memory at once in the bucketing pass
+    run_edges: int = 2_000_000  # edges shuffled in memory at once in the bucketing pass
 
 
 @dataclass
@@ -236,11 +236,12 @@ class Importer:
 
         t0 = time.monotonic()
         shard_base, part_of, offset_of = self._id_space(assignments, bases)
+        max_count = max([max(a.counts, default=0) for a in assignments.values()], default=0)
+        offset_of = offset_of.astype(index_dtype(max_count))
         sides = [
             SideMap(shard_base, part_of, offset_of, side.constant, side.by_relation)
             for side in (collector.lhs, collector.rhs)
         ]
-        max_count = max([max(a.counts, default=0) for a in assignments.values()], default=0)
         dtypes = {
             "lhs": index_dtype(max_count),
             "rhs": index_dtype(max_count),

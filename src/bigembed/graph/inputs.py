@@ -8,6 +8,7 @@ numbers and ids happens vectorised later, where bad values can be pinpointed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,7 @@ class ColumnSpec:
 class TextOptions:
     header: bool = False
     delimiter: str | None = None  # None: tab for tsv, comma for csv
-    block_size: int = 16 << 20
+    block_size: int = 8 << 20  # the CSV reader reads up to 32 blocks ahead
 
     def parse_options(self, fmt: str) -> pacsv.ParseOptions:
         quoted = fmt == "csv"
@@ -86,6 +87,7 @@ class Batch:
     columns: dict[str, pa.Array]
     first_row: int
     position: int  # bytes (text) or rows (parquet) of the input consumed so far
+    text_bytes: int = 0  # uncompressed text: at most the bytes of these rows in the file
 
     @property
     def num_rows(self) -> int:
@@ -110,6 +112,16 @@ class BadColumnRows:
             self.first_actual = row.actual_columns
             self.expected = row.expected_columns
         return "skip" if self.skip else "error"
+
+
+def _data_size(column: pa.Array) -> int:
+    """Bytes of string data in ``column`` (offsets span), 0 for other types."""
+    if not (pa.types.is_string(column.type) and len(column)):
+        return 0
+    offsets = column.buffers()[1]
+    first, last = column.offset, column.offset + len(column)
+    view = memoryview(offsets).cast("i")
+    return int(view[last] - view[first])
 
 
 def _skip(row: pacsv.InvalidRow) -> str:
@@ -269,7 +281,11 @@ class InputFile:
                 if record.num_rows == 0:
                     continue
                 cols = {by_name[n]: record.column(n) for n in record.schema.names}
-                yield Batch(cols, row, raw.tell())
+                text_bytes = 0
+                if self.compression is None:  # one separator or newline per field
+                    text_bytes = record.num_rows * len(self.column_names)
+                    text_bytes += sum(_data_size(c) for c in cols.values())
+                yield Batch(cols, row, raw.tell(), text_bytes)
                 row += record.num_rows
         finally:
             raw.close()
@@ -287,6 +303,18 @@ class InputFile:
                 yield Batch(cols, row - record.num_rows, row)
         except (OSError, pa.ArrowException) as exc:
             raise self._arrow_error(exc) from None
+
+    def estimate_rows(self, rows: int, text_bytes: int, position: int) -> int:
+        """Rows in the whole input, from what was read so far (for sizing the spill runs).
+
+        Errs on the high side for uncompressed text (bytes of unused columns are not seen);
+        for compressed text the reader's read-ahead makes the guess low, hence the factor.
+        """
+        if self.fmt == "parquet":
+            return self.total_for_progress()
+        if self.compression is None and text_bytes > 0:
+            return math.ceil(self.size * rows / text_bytes)
+        return math.ceil(2 * self.size * rows / max(position, 1))
 
     def total_for_progress(self) -> int:
         """Bytes of the file (text) or rows (Parquet): the unit of :attr:`Batch.position`."""

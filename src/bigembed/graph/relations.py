@@ -21,7 +21,7 @@ from bigembed.graph.validate import (
     EMPTY_RELATION,
     UNKNOWN_RELATION,
     Problem,
-    check_names,
+    as_strings,
 )
 
 
@@ -56,13 +56,25 @@ class RelationMapper:
         return np.zeros(n, dtype=np.int32)
 
     def map(self, column: pa.Array) -> tuple[np.ndarray, list[Problem]]:
-        values, problems = check_names(column, EMPTY_RELATION)
+        """Relation id per row (-1 for bad rows) and the problems found.
+
+        Checks run on the batch's distinct names (dictionary-encoded), not on every row.
+        """
+        values = as_strings(column)
+        if values.null_count:
+            values = pc.fill_null(values, "")
         encoded = pc.dictionary_encode(values)
         local = encoded.dictionary
         indices = encoded.indices.to_numpy()
-        lengths = pc.binary_length(local).to_numpy()
-        good = (lengths > 0) & _valid_utf8(local)
+        empty = pc.binary_length(local).to_numpy() == 0
+        bad_utf8 = ~_valid_utf8(local)
+        good = ~empty & ~bad_utf8
         local_ids = np.full(len(local), -1, dtype=np.int32)
+        problems = []
+        if empty.any():
+            problems.append(Problem(empty[indices], EMPTY_RELATION))
+        if bad_utf8.any():
+            problems.append(Problem(bad_utf8[indices], BAD_UTF8))
         if self.dynamic:
             if good.any():
                 local_ids[good] = self.dictionary.encode(local.filter(pa.array(good)))
@@ -81,10 +93,7 @@ class RelationMapper:
                     for r in rows
                 }
                 problems.append(Problem(mask, UNKNOWN_RELATION, detail))
-        ids = local_ids[indices]
-        if not all(p.reason in (EMPTY_RELATION, BAD_UTF8, UNKNOWN_RELATION) for p in problems):
-            raise AssertionError("unexpected relation problem")
-        return ids, problems
+        return local_ids[indices], problems
 
     def add_counts(self, ids: np.ndarray) -> None:
         size = max(len(self.counts), len(self.dictionary))

@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class BucketTask:
     start: int
     end: int
     seed: int
+    delay: float = 0.0  # seconds to wait before starting (PBG's hogwild_delay)
 
 
 @dataclass
@@ -61,6 +63,8 @@ def run_task(
     setup: WorkerSetup, task: BucketTask, trainer: BatchTrainer, progress: Callable[[int, float], None]
 ) -> StepStats:
     """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch."""
+    if task.delay > 0:
+        time.sleep(task.delay)
     sel = slice(task.start, task.end)
     weight = None if task.weight is None else task.weight[sel]
     trainer.gen.manual_seed(task.seed)
@@ -146,8 +150,13 @@ class HogwildPool:
         weight: Tensor | None,
         seed: int,
         on_wait: Callable[[], None] = lambda: None,
+        stagger: float = 0.0,
     ) -> StepStats:
-        """Train the given (already shuffled) edges; returns the summed stats of all workers."""
+        """Train the given (already shuffled) edges; returns the summed stats of all workers.
+
+        ``stagger`` delays every worker but the first (PBG's ``hogwild_delay``, which lets the
+        first worker move the fresh embeddings away from their initial values alone).
+        """
         n = int(lhs.shape[0])
         bounds = np.linspace(0, n, self.workers + 1).astype(np.int64)
         if self.workers == 1:
@@ -161,7 +170,8 @@ class HogwildPool:
         shared = [t.share_memory_() if t is not None else None for t in (lhs, rhs, rel, weight)]
         for rank in range(self.workers):
             self._tasks[rank].put(
-                BucketTask(tables, sides, *shared, int(bounds[rank]), int(bounds[rank + 1]), seed * 1000 + rank)
+                BucketTask(tables, sides, *shared, int(bounds[rank]), int(bounds[rank + 1]),
+                           seed * 1000 + rank, stagger if rank > 0 else 0.0)
             )
         total = StepStats()
         pending = set(range(self.workers))

@@ -218,15 +218,62 @@ class Trainer:
             "relation_names": list(self.entities.relation_names()),
         }
 
-    # ------------------------------------------------------------------ run
-    def train(self) -> TrainResult:
-        cfg = self.cfg
+    # ------------------------------------------------------------------ hooks (the distributed
+    # trainer overrides these; see bigembed.dist.trainer)
+    def _open_checkpoint(self) -> int:
+        """Drop the files of an interrupted step; returns the committed version."""
         ck = self.checkpoint
         ck.path.mkdir(parents=True, exist_ok=True)
         removed = ck.discard_uncommitted()
         if removed:
             logger.info("removed %d files of an interrupted step in %s", removed, ck.path)
-        committed = ck.committed_version()
+        return ck.committed_version()
+
+    def _make_partition_store(
+        self,
+        counts: dict[PartitionKey, int],
+        dims: dict[str, int],
+        committed: int,
+        init_source: PartitionSource | None,
+        shared: bool,
+        pinned: list[PartitionKey],
+    ) -> PartitionStore:
+        return PartitionStore(
+            counts, dims, self.checkpoint, committed=committed, working=committed + 1,
+            init_source=init_source, init_scale=self.cfg.init_scale, seed=self.cfg.seed,
+            shared=shared, pinned=pinned,
+        )
+
+    def _save_step(self, it: Iteration, store: PartitionStore) -> None:
+        """Write the step's partitions, model and metadata as version ``it.index + 1``."""
+        version = it.index + 1
+        store.flush()
+        self.checkpoint.save_model(version, self._model_payload())
+        self.checkpoint.save_metadata(version, self._metadata(it))
+
+    def _commit_step(
+        self, it: Iteration, records: list[dict[str, Any]], summary: dict[str, Any]
+    ) -> None:
+        """Append the step's stats and make its version the committed one."""
+        cfg = self.cfg
+        ck = self.checkpoint
+        version = it.index + 1
+        ck.append_stats([*records, summary], committed=it.index)
+        config_text = __import__("json").dumps(config_to_dict(cfg), indent=1)
+        (ck.path / "config.json").write_text(config_text)
+        preserve = cfg.checkpoint_preservation_interval
+        last_of_epoch = (
+            it.edge_path_idx == len(cfg.edge_paths) - 1 and it.chunk == self.num_chunks - 1
+        )
+        ck.commit(version)
+        if preserve and last_of_epoch and (it.epoch + 1) % preserve == 0:
+            ck.preserve(version, it.epoch + 1)
+
+    # ------------------------------------------------------------------ run
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        ck = self.checkpoint
+        committed = self._open_checkpoint()
         total_steps = cfg.num_epochs * len(cfg.edge_paths) * self.num_chunks
         if committed > 0:
             meta = ck.load_metadata(committed)
@@ -254,9 +301,8 @@ class Trainer:
         }
         dims = {t: cfg.entity_dimension(t) for t in cfg.entities}
         pinned = [(t, 0) for t in cfg.entities if cfg.entities[t].num_partitions == 1 and (t, 0) in counts]
-        store = PartitionStore(
-            counts, dims, ck, committed=committed, working=committed + 1, init_source=init_source,
-            init_scale=cfg.init_scale, seed=cfg.seed, shared=workers > 1, pinned=pinned,
+        store = self._make_partition_store(
+            counts, dims, committed, init_source, workers > 1, pinned
         )
         result.total_partition_bytes = store.total_bytes()
         if workers > 1:
@@ -351,7 +397,8 @@ class Trainer:
                 record["eval_stats_before"] = before.summary()
             tw = None if weight is None else weight[train_idx]
             stats = pool.run(tables, sides, lhs[train_idx], rhs[train_idx], rel[train_idx], tw,
-                             _mix(cfg.seed, 5, it.index, i, j) % (1 << 40), on_wait=tick)
+                             _mix(cfg.seed, 5, it.index, i, j) % (1 << 40), on_wait=tick,
+                             stagger=cfg.hogwild_delay if it.index == 0 and bucket_index == 0 else 0.0)
             if eval_args is not None:
                 after = self._evaluate(tables, sides, eval_args, _mix(cfg.seed, 4, it.index, i, j))
                 eval_after.merge(after)
@@ -366,10 +413,7 @@ class Trainer:
         tick()
         bar.close()
 
-        store.flush()
-        ck = self.checkpoint
-        ck.save_model(version, self._model_payload())
-        ck.save_metadata(version, self._metadata(it))
+        self._save_step(it, store)
         seconds = time.perf_counter() - t0
         summary: dict[str, Any] = {
             "type": "step", "version": version, "epoch_idx": it.epoch,
@@ -381,13 +425,7 @@ class Trainer:
         if eval_before.count:
             summary["eval_stats_before"] = eval_before.summary()
             summary["eval_stats_after"] = eval_after.summary()
-        ck.append_stats([*records, summary], committed=it.index)
-        (ck.path / "config.json").write_text(__import__("json").dumps(config_to_dict(cfg), indent=1))
-        preserve = cfg.checkpoint_preservation_interval
-        last_of_epoch = it.edge_path_idx == len(cfg.edge_paths) - 1 and it.chunk == self.num_chunks - 1
-        ck.commit(version)
-        if preserve and last_of_epoch and (it.epoch + 1) % preserve == 0:
-            ck.preserve(version, it.epoch + 1)
+        self._commit_step(it, records, summary)
         if self.show_progress:
             line = (f"{desc}: loss {summary['stats']['loss']:.4f}  reg {summary['stats']['reg']:.4f}  "
                     f"{summary['edges_per_sec']:,.0f} edges/s  {seconds:.1f}s")

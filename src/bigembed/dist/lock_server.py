@@ -1,0 +1,226 @@
+"""The lock server (rank 0): which trainer trains which bucket, so no partition is held twice.
+
+Rules, per pass (one (epoch, edge set, chunk) step):
+
+* a trainer is granted a bucket none of whose partitions another trainer holds (its own, kept
+  from its previous bucket, are fine) and that nobody has trained in this pass;
+* among those it prefers the ones sharing the most partitions with what it holds (fewer
+  transfers), then the largest by edge count (Bagua-style load balancing: the big buckets go
+  first, so the trainers finish together), then the smallest (i, j);
+* with ``distributed_tree_init_order``, in the first pass of a fresh run a bucket is granted only
+  if all its lhs or all its rhs partitions were touched already, starting from partition 0 of
+  each type, so every partition's random start is first trained next to an already aligned
+  one (if nothing in flight could ever satisfy the rule, it is waived rather than deadlock);
+* nothing grantable: "wait" (the trainer writes its partitions back, releases them and asks
+  again); nothing left to grant: "done".
+
+A grant does not free the trainer's old partitions: it frees them with ``release`` once they are
+written back (to a partition server or the checkpoint directory), so nobody can read a stale
+copy. Every decision is appended to an event log (JSON lines) that tests replay to prove the
+no-shared-partition rule from what actually happened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch.distributed as dist
+
+from bigembed.dist.rpc import Message, RpcServer
+
+logger = logging.getLogger(__name__)
+
+Bucket = tuple[int, int]
+PartitionKey = tuple[str, int]
+SideKeys = tuple[frozenset[PartitionKey], frozenset[PartitionKey]]
+CHANNEL = "lock"
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """The buckets of one pass with their edge counts in this pass's chunk (which may be 0)."""
+
+    iteration: int
+    weights: dict[Bucket, int]
+    tree_init: bool
+
+
+class EventLog:
+    """Append-only JSON lines, one per lock decision, flushed as they happen."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+        self._seq = 0
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, event: str, **fields: Any) -> None:
+        self._seq += 1
+        if self._file is None:
+            return
+        record = {"event": event, "seq": self._seq, "time": time.time(), **fields}
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _keys_json(keys: set[PartitionKey] | frozenset[PartitionKey]) -> list[list[Any]]:
+    return [[t, p] for t, p in sorted(keys)]
+
+
+class BucketScheduler:
+    """The lock server's state machine; no I/O apart from the event log."""
+
+    def __init__(
+        self,
+        keys_of: Callable[[Bucket], SideKeys],
+        plan_for: Callable[[int], PassPlan],
+        log: EventLog | None = None,
+    ) -> None:
+        self.keys_of = keys_of
+        self.plan_for = plan_for
+        self.log = log or EventLog(None)
+        self.iteration = -1
+        self.plan: PassPlan | None = None
+        self.pending: set[Bucket] = set()
+        self.done: set[Bucket] = set()
+        self.active: dict[int, Bucket] = {}
+        self.owner: dict[PartitionKey, int] = {}
+        self.held: dict[int, set[PartitionKey]] = {}
+        self.touched: set[PartitionKey] | None = None
+
+    def _all_keys(self, bucket: Bucket) -> frozenset[PartitionKey]:
+        lhs, rhs = self.keys_of(bucket)
+        return lhs | rhs
+
+    # ------------------------------------------------------------------ passes
+    def _enter(self, iteration: int) -> None:
+        if iteration == self.iteration:
+            return
+        if iteration < self.iteration:
+            raise ValueError(
+                f"iteration {iteration} is over (the lock server is at {self.iteration})"
+            )
+        if self.iteration >= 0 and (self.pending or self.active):
+            raise ValueError(
+                f"iteration {iteration} requested while iteration {self.iteration} still has "
+                f"{len(self.pending)} buckets to hand out and {len(self.active)} in training"
+            )
+        if self.owner:
+            raise ValueError(f"partitions still held at the start of a pass: {sorted(self.owner)}")
+        plan = self.plan_for(iteration)
+        self.plan = plan
+        self.iteration = iteration
+        self.pending = set(plan.weights)
+        self.done = set()
+        self.active = {}
+        self.touched = None
+        if plan.tree_init:
+            self.touched = {k for b in self.pending for k in self._all_keys(b) if k[1] == 0}
+        self.log.write("pass_start", iteration=iteration, buckets=len(self.pending),
+                       tree_init=plan.tree_init)
+
+    def _tree_ok(self, bucket: Bucket) -> bool:
+        if self.touched is None:
+            return True
+        lhs, rhs = self.keys_of(bucket)
+        return lhs <= self.touched or rhs <= self.touched
+
+    # ------------------------------------------------------------------ requests
+    def acquire(self, trainer: int, iteration: int, finished: Bucket | None) -> Message:
+        self._enter(iteration)
+        assert self.plan is not None
+        held = self.held.setdefault(trainer, set())
+        if finished is not None:
+            if self.active.get(trainer) != finished:
+                raise ValueError(f"trainer {trainer} reports bucket {finished} it was not given")
+            del self.active[trainer]
+            self.done.add(finished)
+            self.log.write("bucket_done", trainer=trainer, iteration=iteration,
+                           bucket=list(finished))
+            if not self.pending and not self.active:
+                self.log.write("pass_done", iteration=iteration, buckets=len(self.done))
+        elif trainer in self.active:
+            raise ValueError(
+                f"trainer {trainer} asks for a bucket while holding {self.active[trainer]}"
+            )
+        if not self.pending:
+            self.log.write("done", trainer=trainer, iteration=iteration)
+            return {"kind": "done", "release": _keys_json(held)}
+        free = [
+            b for b in self.pending
+            if all(self.owner.get(k, trainer) == trainer for k in self._all_keys(b))
+        ]
+        allowed = [b for b in free if self._tree_ok(b)]
+        if not allowed and free and not self.active:
+            allowed = free  # nothing in flight could ever touch more partitions: waive the rule
+        if not allowed:
+            self.log.write("wait", trainer=trainer, iteration=iteration)
+            return {"kind": "wait", "release": _keys_json(held)}
+        weights = self.plan.weights
+        best = min(allowed, key=lambda b: (-len(self._all_keys(b) & held), -weights[b], b))
+        keys = self._all_keys(best)
+        self.pending.discard(best)
+        self.active[trainer] = best
+        for k in keys:
+            self.owner[k] = trainer
+        held |= keys
+        if self.touched is not None:
+            self.touched |= keys
+        self.log.write("acquire", trainer=trainer, iteration=iteration, bucket=list(best),
+                       partitions=_keys_json(keys), edges=weights[best])
+        return {"kind": "bucket", "bucket": list(best), "release": _keys_json(held - keys)}
+
+    def release(self, trainer: int, iteration: int, keys: list[PartitionKey]) -> Message:
+        held = self.held.setdefault(trainer, set())
+        for key in keys:
+            if self.owner.get(key) != trainer:
+                raise ValueError(f"trainer {trainer} releases partition {key} it does not hold")
+        for key in keys:
+            del self.owner[key]
+            held.discard(key)
+        self.log.write("release", trainer=trainer, iteration=iteration,
+                       partitions=_keys_json(set(keys)))
+        return {"ok": True}
+
+
+class LockServer:
+    """Serves a :class:`BucketScheduler` on the store channel ``lock`` (a thread on rank 0)."""
+
+    def __init__(
+        self, store: dist.Store, scheduler: BucketScheduler, on_error: Callable[[str], None]
+    ) -> None:
+        self.scheduler = scheduler
+        self._lock = threading.Lock()
+        self.rpc = RpcServer(store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock")
+
+    def start(self) -> None:
+        self.rpc.start()
+
+    def stop(self) -> None:
+        self.rpc.stop()
+        self.scheduler.log.close()
+
+    def _handle(self, req: Message) -> Message:
+        with self._lock:
+            trainer, iteration = int(req["trainer"]), int(req["iteration"])
+            if req["op"] == "acquire":
+                finished = tuple(req["finished"]) if req.get("finished") is not None else None
+                return self.scheduler.acquire(trainer, iteration, finished)  # type: ignore[arg-type]
+            if req["op"] == "release":
+                keys = [(str(t), int(p)) for t, p in req["keys"]]
+                return self.scheduler.release(trainer, iteration, keys)
+            raise ValueError(f"unknown lock server request {req['op']!r}")

@@ -1,0 +1,221 @@
+"""Partition servers: hold the partitions nobody is training, with their row-Adagrad state.
+
+Partition ``p`` of every entity type lives on server ``p mod S``. A server keeps the latest
+copy of each partition it has been given (the trainers' working copy between buckets and
+between steps); a partition it does not have yet is read by the trainer from the checkpoint
+directory, as on a single machine.
+
+Protocol (control over the store channel ``parts/RANK``, data over gloo point-to-point):
+
+* ``get``: reply ``{found, shape}``; if found the server sends the embeddings (tag ``2n``) and
+  the optimizer state (tag ``2n + 1``), ``n`` being the request number;
+* ``put``: reply ``{ready}``; the client sends both tensors; the server stores them and writes
+  an ``ack``, which the client waits for before it releases the partition's lock, so the next
+  reader can never see the old copy.
+
+Transfers run on a small thread pool so that one large partition does not hold up the
+requests of other trainers. The trainer hosting the server (``num_partition_servers: -1``)
+bypasses all of this and copies in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from bigembed.dist.layout import PartitionKey, RankLayout
+from bigembed.dist.rpc import Message, RpcClient, RpcServer
+from bigembed.dist.store import StoreAddress
+from bigembed.errors import PeerError
+from bigembed.train.step import Table
+
+logger = logging.getLogger(__name__)
+
+
+def channel_of(rank: int) -> str:
+    return f"parts/{rank}"
+
+
+class PartitionServer:
+    def __init__(
+        self,
+        rank: int,
+        address: StoreAddress,
+        timeout: float,
+        on_error: Callable[[str], None],
+        group: dist.ProcessGroup | None = None,
+        threads: int = 4,
+    ) -> None:
+        self.rank = rank
+        self.address = address
+        self.timeout = timeout
+        self.on_error = on_error
+        self.group = group
+        self.tables: dict[PartitionKey, Table] = {}
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bigembed-parts")
+        store = address.namespaced(address.client(timeout))
+        self.rpc = RpcServer(store, channel_of(rank), self._handle, on_error, poll=0.5,
+                             name="bigembed-partition-server")
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def start(self) -> None:
+        self.rpc.start()
+
+    def stop(self) -> None:
+        self.rpc.stop()
+        self._pool.shutdown(wait=True)
+        self.stopped.set()
+
+    # ------------------------------------------------------------------ in-process access
+    def get_local(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
+        with self._lock:
+            table = self.tables.get(key)
+        if table is None:
+            return False
+        _check_shape(key, table.emb, out_emb, f"partition server on rank {self.rank}")
+        out_emb.copy_(table.emb)
+        out_state.copy_(table.state)
+        return True
+
+    def put_local(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
+        with self._lock:
+            table = self.tables.get(key)
+            if table is None or table.emb.shape != emb.shape:
+                table = Table(torch.empty_like(emb, memory_format=torch.contiguous_format),
+                              torch.empty_like(state))
+                self.tables[key] = table
+        table.emb.copy_(emb)
+        table.state.copy_(state)
+
+    # ------------------------------------------------------------------ remote requests
+    def _reply_store(self) -> dist.Store:
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = self.address.namespaced(self.address.client(self.timeout))
+            self._local.store = store
+        return store
+
+    def _handle(self, req: Message) -> Message | None:
+        op = req["op"]
+        if op == "stop":
+            threading.Thread(target=self.stop, daemon=True).start()
+            return {"ok": True}
+        key = (str(req["key"][0]), int(req["key"][1]))
+        client, n = int(req["client"]), int(req["seq"])
+        if op == "get":
+            with self._lock:
+                table = self.tables.get(key)
+            if table is None:
+                return {"found": False}
+            self._pool.submit(self._guard, self._send, table, client, n)
+            return {"found": True, "shape": list(table.emb.shape)}
+        if op == "put":
+            rows, dim = (int(x) for x in req["shape"])
+            with self._lock:
+                table = self.tables.get(key)
+            if table is None or tuple(table.emb.shape) != (rows, dim):
+                table = Table(torch.empty((rows, dim)), torch.empty(rows))
+            self._pool.submit(self._guard, self._receive, key, table, client, n)
+            return {"ready": True}
+        raise ValueError(f"unknown partition server request {op!r}")
+
+    def _guard(self, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # reported to the watchdog, which stops the run
+            self.on_error(f"partition server on rank {self.rank}: transfer failed: {exc}")
+
+    def _send(self, table: Table, client: int, n: int) -> None:
+        dist.send(table.emb, dst=client, group=self.group, tag=2 * n)
+        dist.send(table.state, dst=client, group=self.group, tag=2 * n + 1)
+        self.bytes_sent += (table.emb.numel() + table.state.numel()) * 4
+
+    def _receive(self, key: PartitionKey, table: Table, client: int, n: int) -> None:
+        dist.recv(table.emb, src=client, group=self.group, tag=2 * n)
+        dist.recv(table.state, src=client, group=self.group, tag=2 * n + 1)
+        with self._lock:
+            self.tables[key] = table
+        self.bytes_received += (table.emb.numel() + table.state.numel()) * 4
+        self._reply_store().set(f"{channel_of(self.rank)}/ack/{n}", '{"ok": true}')
+
+
+def _check_shape(key: PartitionKey, have: torch.Tensor, want: torch.Tensor, where: str) -> None:
+    if tuple(have.shape) != tuple(want.shape):
+        raise PeerError(
+            f"{where} holds partition {key[1]} of '{key[0]}' with shape {tuple(have.shape)}, but "
+            f"this trainer expects {tuple(want.shape)} (do all ranks use the same graph?)"
+        )
+
+
+class PartitionClient:
+    """A trainer's access to the partition servers (a ``PartitionRemote`` for PartitionStore)."""
+
+    def __init__(
+        self,
+        rank: int,
+        layout: RankLayout,
+        store: dist.Store,
+        timeout: float,
+        local: PartitionServer | None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.rank = rank
+        self.layout = layout
+        self.store = store
+        self.timeout = timeout
+        self.local = local
+        self.group = group
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _rpc(self, server: int) -> RpcClient:
+        return RpcClient(self.store, channel_of(server), self.timeout, self.layout.role(server))
+
+    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
+        server = self.layout.server_for(key)
+        if server == self.rank and self.local is not None:
+            return self.local.get_local(key, out_emb, out_state)
+        rpc = self._rpc(server)
+        n = rpc.send({"op": "get", "key": list(key), "client": self.rank})
+        reply = rpc.receive(n)
+        if not reply["found"]:
+            return False
+        if tuple(reply["shape"]) != tuple(out_emb.shape):
+            _check_shape(key, torch.empty(reply["shape"]), out_emb, self.layout.role(server))
+        try:
+            dist.recv(out_emb, src=server, group=self.group, tag=2 * n)
+            dist.recv(out_state, src=server, group=self.group, tag=2 * n + 1)
+        except RuntimeError as exc:
+            raise PeerError(f"receiving a partition from {self.layout.role(server)} failed: "
+                            f"{exc}") from None
+        self.bytes_received += (out_emb.numel() + out_state.numel()) * 4
+        return True
+
+    def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
+        server = self.layout.server_for(key)
+        if server == self.rank and self.local is not None:
+            self.local.put_local(key, emb, state)
+            return
+        rpc = self._rpc(server)
+        n = rpc.send({"op": "put", "key": list(key), "client": self.rank, "shape": list(emb.shape)})
+        rpc.receive(n)
+        try:
+            dist.send(emb.contiguous(), dst=server, group=self.group, tag=2 * n)
+            dist.send(state.contiguous(), dst=server, group=self.group, tag=2 * n + 1)
+        except RuntimeError as exc:
+            raise PeerError(f"sending a partition to {self.layout.role(server)} failed: "
+                            f"{exc}") from None
+        rpc.receive(n, suffix="ack")
+        self.bytes_sent += (emb.numel() + state.numel()) * 4
+
+    def stop_server(self, server: int) -> None:
+        self._rpc(server).call({"op": "stop"})

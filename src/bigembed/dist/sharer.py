@@ -1,0 +1,145 @@
+"""The sharer loop: keeps a trainer's copy of the shared parameters in step with the servers.
+
+Each round, for every parameter server: take a snapshot of the segments it holds, send
+``snapshot - last merged value`` (what this trainer changed since), receive the new merged value
+``m`` and add ``m - snapshot`` to the live tensors. Updates the Hogwild workers make while the
+round is in flight are kept (they are neither in the snapshot nor overwritten), and the next
+delta carries them. Live tensors are touched through ``.data``, so autograd never sees it.
+
+Rounds are throttled as PBG documents it: at most 100 per second, and at most 1 GB/s of traffic.
+:meth:`Sharer.flush` waits for a round that starts after the call, which is how the end of a
+step pushes everything (and, after a barrier, pulls everything) before a checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from bigembed.dist.param_server import (
+    OP_BYE,
+    OP_PUSH_PULL,
+    TAG_DELTA,
+    TAG_HEADER,
+    TAG_VALUE,
+    ParameterServer,
+    ShardPlan,
+    gather,
+    scatter_add,
+)
+
+MAX_ROUNDS_PER_S = 100.0
+MAX_BYTES_PER_S = 1e9
+
+
+class Sharer:
+    def __init__(
+        self,
+        rank: int,
+        plan: ShardPlan,
+        tensors: Sequence[Tensor],
+        local: ParameterServer,
+        group: dist.ProcessGroup | None,
+        on_error: Callable[[str], None],
+        max_rounds_per_s: float = MAX_ROUNDS_PER_S,
+        max_bytes_per_s: float = MAX_BYTES_PER_S,
+    ) -> None:
+        self.rank = rank
+        self.plan = plan
+        self.flat = [t.data.view(-1) for t in tensors]
+        self.local = local
+        self.group = group
+        self.on_error = on_error
+        self.min_interval = 1.0 / max_rounds_per_s
+        self.max_bytes_per_s = max_bytes_per_s
+        self.servers = plan.active_servers
+        self.last = {s: gather(self.flat, plan.segments[s]) for s in self.servers}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.rounds = 0
+        self._started = 0
+        self._completed = 0
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bigembed-sharer", daemon=True)
+
+    def start(self) -> None:
+        if self.servers:
+            self._thread.start()
+
+    # ------------------------------------------------------------------ rounds
+    def _round(self) -> None:
+        header = torch.tensor([OP_PUSH_PULL, 0], dtype=torch.int64)
+        pending = []
+        for server in self.servers:
+            segments = self.plan.segments[server]
+            snap = gather(self.flat, segments)
+            delta = snap - self.last[server]
+            if server == self.rank:
+                merged = self.local.push_pull(delta)
+                scatter_add(self.flat, segments, merged - snap)
+                self.last[server] = merged
+                continue
+            dist.send(header, dst=server, group=self.group, tag=TAG_HEADER)
+            sent = dist.isend(delta, dst=server, group=self.group, tag=TAG_DELTA)
+            merged = torch.empty_like(delta)
+            received = dist.irecv(merged, src=server, group=self.group, tag=TAG_VALUE)
+            pending.append((server, segments, snap, merged, sent, received))
+            self.bytes_sent += delta.numel() * 4
+        for server, segments, snap, merged, sent, received in pending:
+            sent.wait()
+            received.wait()
+            scatter_add(self.flat, segments, merged - snap)
+            self.last[server] = merged
+            self.bytes_received += merged.numel() * 4
+        self.rounds += 1
+
+    def _run(self) -> None:
+        round_bytes = 2 * 4 * sum(self.plan.size(s) for s in self.servers if s != self.rank)
+        pause = max(self.min_interval, round_bytes / self.max_bytes_per_s)
+        try:
+            while not self._stop.is_set():
+                with self._cond:
+                    self._started += 1
+                began = time.perf_counter()
+                self._round()
+                with self._cond:
+                    self._completed = self._started
+                    self._cond.notify_all()
+                rest = pause - (time.perf_counter() - began)
+                if rest > 0:
+                    self._wake.wait(rest)
+                    self._wake.clear()
+            for server in self.servers:
+                if server != self.rank:
+                    bye = torch.tensor([OP_BYE, 0], dtype=torch.int64)
+                    dist.send(bye, dst=server, group=self.group, tag=TAG_HEADER)
+        except Exception as exc:  # reported to the watchdog, which stops the run
+            self.on_error(f"sharer on rank {self.rank} failed: {exc}")
+
+    def flush(self, timeout: float) -> None:
+        """Wait for a complete round that started after this call (no-op without servers)."""
+        if not self.servers:
+            return
+        with self._cond:
+            goal = self._started + 1
+            self._wake.set()
+            deadline = time.monotonic() + timeout
+            while self._completed < goal:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    raise TimeoutError(f"the sharer loop made no round within {timeout:g}s")
+                self._cond.wait(min(left, 0.5))
+
+    def stop(self) -> None:
+        """End the loop; tells every remote server goodbye."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)

@@ -1,0 +1,188 @@
+"""Fault detection: heartbeats through the store, a watchdog thread, and the abort path.
+
+PBG blocks in gloo with a 365-day timeout when a peer dies. Here every rank bumps a counter
+``hb/RANK`` in the rendezvous store a few times per ``distributed_timeout`` and watches everybody
+else's; a counter that has not moved for ``distributed_timeout`` seconds (measured on this
+machine's monotonic clock, so clocks need not agree) marks its rank as gone. The first rank to
+notice publishes an ``abort`` key naming the peer, so the others stop at once with the same
+message, and every rank exits non-zero. A rank that loses the store itself knows rank 0 (its
+host) is gone. Ranks that finished cleanly leave a ``bye/RANK`` key and are not mourned.
+
+Other threads that hit a communication error call :meth:`Watchdog.fail`: it waits a little for
+the heartbeats to name the dead peer (a broken gloo pair only says "connection closed"), then
+stops the process the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from bigembed.dist.layout import RankLayout
+from bigembed.dist.store import StoreAddress, is_timeout
+from bigembed.errors import PeerError
+
+logger = logging.getLogger(__name__)
+
+EXIT_CODE = PeerError.exit_code
+
+
+def heartbeat_period(timeout: float) -> float:
+    return min(1.0, max(0.05, timeout / 10))
+
+
+def exit_now(message: str, command: str = "train") -> None:
+    """Print the one-line error the CLI would print and leave at once.
+
+    ``os._exit``, not an exception: other threads may sit in gloo calls that only time out
+    later, and a normal interpreter exit would wait for them.
+    """
+    logger.error("%s", message)
+    print(f"bigembed {command}: error: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_CODE)
+
+
+class Watchdog:
+    """Heartbeats for this rank and a watch on every other rank of the world."""
+
+    def __init__(
+        self,
+        address: StoreAddress,
+        rank: int,
+        layout: RankLayout,
+        timeout: float,
+        *,
+        on_fatal: Callable[[str], None] = exit_now,
+    ) -> None:
+        self.address = address
+        self.rank = rank
+        self.layout = layout
+        self.timeout = timeout
+        self.period = heartbeat_period(timeout)
+        self.on_fatal = on_fatal
+        self.store = address.namespaced(address.client(timeout))
+        self.peers = [r for r in range(layout.world_size) if r != rank]
+        self.failure: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="bigembed-watchdog", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def beat(self) -> None:
+        self.store.add(f"hb/{self.rank}", 1)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, clean: bool = True) -> None:
+        """Stop watching; ``clean`` tells the others this rank finished (no alarm)."""
+        if clean:
+            with contextlib.suppress(Exception):  # the store host may be gone at the very end
+                self.store.set(f"bye/{self.rank}", "1")
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5 * self.period + 1)
+
+    # ------------------------------------------------------------------ the watch
+    def _run(self) -> None:
+        last: dict[int, tuple[bytes, float]] = {}
+        keys = [f"hb/{p}" for p in self.peers]
+        store_errors = 0
+        while not self._stop.wait(self.period):
+            try:
+                self.beat()
+                if self.store.check(["abort"]):
+                    message = self.store.get("abort").decode()
+                    self._die(message, publish=False)
+                    return
+                values = self.store.multi_get(keys) if keys else []
+                store_errors = 0
+            except Exception as exc:  # any store failure is a verdict or a retry
+                if self._stop.is_set():
+                    return
+                store_errors += 1
+                if is_timeout(exc) and store_errors * self.period < self.timeout:
+                    continue
+                if self.rank != 0:
+                    self._die(
+                        f"lost the rendezvous store at {self.address.method}: "
+                        f"{self.layout.role(0)} is gone ({str(exc).strip().splitlines()[0]})"
+                    )
+                else:
+                    self._die(f"the rendezvous store failed: {exc}")
+                return
+            now = time.monotonic()
+            for peer, value in zip(self.peers, values, strict=True):
+                seen = last.get(peer)
+                if seen is None or seen[0] != value:
+                    last[peer] = (value, now)
+                    continue
+                silent = now - seen[1]
+                if silent > self.timeout:
+                    try:
+                        if self.store.check([f"bye/{peer}"]):
+                            continue
+                    except Exception:
+                        pass
+                    self._die(
+                        f"{self.layout.role(peer)} is gone: no heartbeat for {silent:.0f}s "
+                        f"(distributed_timeout is {self.timeout:g}s)"
+                    )
+                    return
+
+    def check(self) -> None:
+        """Raise if the watch has already condemned the run (for loops that poll)."""
+        if self.failure is not None:
+            raise PeerError(self.failure)
+
+    def _die(self, message: str, publish: bool = True) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = message
+        if publish:
+            with contextlib.suppress(Exception):  # best effort; the others have their own watch
+                self.store.set("abort", f"{message} (noticed by {self.layout.role(self.rank)})")
+        self.on_fatal(message)
+
+    def fail(self, message: str) -> None:
+        """Stop the run after a communication error, naming the dead peer if one shows up."""
+        deadline = time.monotonic() + self.timeout + 3 * self.period
+        while time.monotonic() < deadline and self.failure is None and self._thread.is_alive():
+            time.sleep(self.period / 2)
+        if self.failure is None:
+            self._die(message)
+        else:
+            self.on_fatal(self.failure)
+
+
+def store_barrier(
+    store: dist.Store, name: str, size: int, watchdog: Watchdog | None, poll: float = 1.0
+) -> None:
+    """Wait until ``size`` ranks have reached barrier ``name``.
+
+    It waits as long as every peer is alive, because the slowest trainer may legitimately
+    still be training a large bucket; the watchdog ends the wait if one dies. (A gloo barrier
+    would time out after a fixed delay, and a timeout there closes the connections for good.)
+    """
+    arrived = store.add(f"barrier/{name}/count", 1)
+    if arrived == size:
+        store.set(f"barrier/{name}/done", "1")
+    while True:
+        try:
+            store.wait([f"barrier/{name}/done"], timedelta(seconds=poll))
+            return
+        except Exception as exc:
+            if not is_timeout(exc):
+                raise PeerError(f"barrier {name!r}: lost the rendezvous store ({exc})") from None
+        if watchdog is not None:
+            watchdog.check()

@@ -1,0 +1,104 @@
+"""Export a checkpoint's embeddings and relation parameters: TSV, NumPy, Parquet, Projector.
+
+    bigembed export work/fb15k237/model --format parquet --output fb15k237_parquet
+
+Entity vectors are exported as the model scores with them: the stored row (renormalised to
+``max_norm`` if the config sets it) plus the type's global embedding when the model has one
+(PBG's exporter adds the global embedding too). Names come from the entity store: the
+checkpoint config's ``entity_path`` unless overridden. The output directory is built under a
+temporary name and appears only when complete; an existing one is replaced only with ``force``.
+See :mod:`bigembed.export.writers` for the files of each format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigembed.atomic import atomic_directory
+from bigembed.errors import InputError, OutputExistsError
+from bigembed.export.relations import relation_params
+from bigembed.export.writers import (
+    EntityBlock,
+    write_npy,
+    write_parquet,
+    write_projector,
+    write_tsv,
+)
+from bigembed.graph.entities import EntityStore
+from bigembed.inference import EntityTables, open_checkpoint, open_entity_store
+from bigembed.trained import TrainedModel
+
+FORMATS = ("tsv", "npy", "parquet", "projector")
+
+
+def entity_blocks(trained: TrainedModel, store: EntityStore, tables: EntityTables
+                  ) -> Iterator[EntityBlock]:
+    """Every partition of every entity type: names and vectors with the global embedding."""
+    for etype in trained.config.entities:
+        for part in range(trained.num_partitions(etype)):
+            if (etype, part) not in trained.entity_counts:
+                continue
+            with torch.no_grad():
+                vectors = tables.adjusted(etype, tables.table(etype, part)).numpy()
+            yield EntityBlock(etype, part, store.names_array(etype, part), vectors)
+
+
+def export_checkpoint(
+    checkpoint_dir: str | os.PathLike[str],
+    fmt: str,
+    output: str | os.PathLike[str],
+    *,
+    entity_path: str | os.PathLike[str] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Write the last checkpoint in ``checkpoint_dir`` to the directory ``output``.
+
+    Returns the export manifest (also written as ``export.json``).
+
+    >>> export_checkpoint("work/fb15k237/model", "npy", "out")["files"]
+    ['embeddings_all.npy', 'names_all.json', 'relation_params.npz', 'relation_params.json']
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
+    out = Path(output)
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+    trained = open_checkpoint(checkpoint_dir)
+    store = open_entity_store(trained, entity_path)
+    tables = EntityTables(trained, max_bytes=0)  # each partition is read once
+    params = relation_params(trained)
+    shapes = {t: (tables.total(t), trained.config.entity_dimension(t))
+              for t in trained.config.entities}
+    where = str(store.path)
+    try:
+        with atomic_directory(out, force=force) as tmp:
+            blocks = entity_blocks(trained, store, tables)
+            if fmt == "tsv":
+                files = write_tsv(tmp, blocks, params, where)
+            elif fmt == "projector":
+                files = write_projector(tmp, blocks, params, where)
+            elif fmt == "npy":
+                files = write_npy(tmp, blocks, params, where, shapes)
+            else:
+                files = write_parquet(tmp, blocks, params, where, shapes)
+            manifest = {
+                "format": fmt,
+                "checkpoint": str(trained.path),
+                "version": trained.version,
+                "entity_path": where,
+                "global_embedding_added": bool(len(trained.model.global_embs)),
+                "max_norm_applied": trained.config.max_norm,
+                "entity_types": {t: {"count": n, "dimension": d} for t, (n, d) in shapes.items()},
+                "relation_params": len(params),
+                "files": files,
+            }
+            (tmp / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    except FileExistsError:
+        raise OutputExistsError(f"{out}: already exists; pass --force to replace it") from None
+    return manifest

@@ -1,0 +1,1 @@
+"""Moving checkpoints between bigembed and other systems (PyTorch-BigGraph)."""

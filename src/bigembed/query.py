@@ -1,0 +1,425 @@
+"""Query a trained model by entity and relation names: vectors, scores, predictions, neighbours.
+
+Example::
+
+    >>> import bigembed
+    >>> model = bigembed.load("work/fb15k237/model")
+    >>> model.predict("/m/0f8l9c", "/location/location/contains", k=3)   # top tails
+    [Prediction(name='/m/05qtj', score=14.2, type='all'), ...]
+    >>> model.predict("/m/05qtj", "/location/location/contains", side="lhs", k=3)  # heads
+    >>> model.score(["/m/0f8l9c"], ["/location/location/contains"], ["/m/05qtj"])
+    array([14.2], dtype=float32)
+    >>> model.similar("/m/0f8l9c", k=5)                                  # nearest entities
+    >>> model.vector("/m/0f8l9c").shape
+    (400,)
+
+Scores are the model's own (see :mod:`bigembed.eval.directions`): in standard mode an edge
+has one score; with ``dynamic_relations`` it has two, the one used to rank tails
+(``side="rhs"``) and the one used to rank heads (``side="lhs"``); :meth:`EmbeddingModel.score`
+averages them unless told which. Predictions rank *every* entity of the type across all
+partitions, block by block, so memory stays bounded on large graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bigembed.errors import InputError
+from bigembed.eval.directions import direction, pair_scores
+from bigembed.eval.filters import KnownEdges
+from bigembed.graph.entities import EntityStore
+from bigembed.inference import (
+    DEFAULT_CACHE_BYTES,
+    EntityTables,
+    open_checkpoint,
+    open_entity_store,
+    relation_names,
+)
+from bigembed.nearest import RunningTopK, faiss_available, faiss_topk
+from bigembed.trained import TrainedModel
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("cos", "dot", "l2")
+MAX_SCORES = 1 << 24  # floats in one block of scores
+
+
+class UnknownNameError(InputError, KeyError):
+    """An entity or relation name the model does not know (a KeyError too, for API users)."""
+
+    __str__ = Exception.__str__  # KeyError would quote the message
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One ranked entity: its name, its score (higher is better) and its type."""
+
+    name: str
+    score: float
+    type: str
+
+
+def load(checkpoint_dir: str | os.PathLike[str], entity_path: str | os.PathLike[str] | None = None,
+         *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> EmbeddingModel:
+    """Open the last checkpoint in ``checkpoint_dir`` for queries.
+
+    ``entity_path`` (the names) defaults to the one in the checkpoint's config. Embeddings are
+    read lazily, one partition at a time, and kept within ``cache_bytes``.
+
+    >>> model = bigembed.load("work/fb15k237/model")
+    >>> model.entity_types
+    ['all']
+    """
+    trained = open_checkpoint(checkpoint_dir)
+    store = open_entity_store(trained, entity_path)
+    return EmbeddingModel(trained, store, EntityTables(trained, max_bytes=cache_bytes))
+
+
+class EmbeddingModel:
+    """A trained model plus its entity names; built by :func:`load`."""
+
+    def __init__(self, trained: TrainedModel, store: EntityStore, tables: EntityTables) -> None:
+        self.trained = trained
+        self.store = store
+        self.tables = tables
+        self.model = trained.model
+        self._relations = relation_names(trained)
+        self._relation_ids = {name: i for i, name in enumerate(self._relations)}
+        self._known: dict[tuple[str, ...], KnownEdges] = {}
+
+    def __repr__(self) -> str:
+        types = ", ".join(f"{t}: {self.tables.total(t):,}" for t in self.entity_types)
+        return (f"EmbeddingModel({str(self.trained.path)!r}, version {self.trained.version}, "
+                f"entities {{{types}}}, {len(self._relations)} relation(s))")
+
+    # ------------------------------------------------------------------ what is there
+    @property
+    def config(self):
+        return self.trained.config
+
+    @property
+    def entity_types(self) -> list[str]:
+        return list(self.trained.config.entities)
+
+    @property
+    def relation_names(self) -> list[str]:
+        return list(self._relations)
+
+    def num_entities(self, type: str | None = None) -> int:
+        return self.tables.total(self._check_type(type))
+
+    def entity_names(self, type: str | None = None) -> list[str]:
+        """Every name of an entity type, in global-id order (partition by partition).
+
+        ``type`` may be left out when the model has one entity type.
+        """
+        etype = self._check_type(type)
+        names: list[str] = []
+        for part in range(self.tables.num_partitions(etype)):
+            names.extend(self.store.names(etype, part))
+        return names
+
+    # ------------------------------------------------------------------ vectors and scores
+    def vector(self, name: str, type: str | None = None) -> np.ndarray:
+        """The embedding of ``name`` as the model uses it, before any relation operator.
+
+        That is the stored row (renormalised to ``max_norm`` if the config sets it) plus the
+        type's global embedding when the model has one.
+        """
+        etype = self._type_of(name, type)
+        return self.vectors([name], etype)[0]
+
+    def vectors(self, names: Sequence[str], type: str | None = None) -> np.ndarray:
+        """:meth:`vector` of many names of one type, as a ``(len(names), dim)`` array."""
+        etype = self._check_type(type) if type is not None or len(self.entity_types) == 1 \
+            else self._type_of(names[0], None)
+        ids = self._ids(etype, names)
+        with torch.no_grad():
+            return self.tables.adjusted(etype, self.tables.gather(etype, ids)).numpy()
+
+    @torch.no_grad()
+    def score(self, lhs: str | Sequence[str], rel: str | int | Sequence[str | int],
+              rhs: str | Sequence[str], *, side: str = "both") -> np.ndarray:
+        """Scores of edges ``(lhs[i], rel[i], rhs[i])``; single values broadcast.
+
+        ``side``: "rhs" = the score used to rank tails, "lhs" = the one used to rank heads,
+        "both" = their mean. They differ only with dynamic relations.
+
+        >>> model.score("a", "likes", ["b", "c"])
+        array([3.1, -0.4], dtype=float32)
+        """
+        if side not in ("lhs", "rhs", "both"):
+            raise ValueError(f"side must be 'lhs', 'rhs' or 'both', not {side!r}")
+        lhs_l, rel_l, rhs_l = _broadcast(lhs, rel, rhs)
+        rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
+        sides = ("rhs",) if not self.model.dynamic or side == "rhs" else \
+            (("lhs",) if side == "lhs" else ("lhs", "rhs"))
+        total = np.zeros(len(rel_ids), np.float32)
+        for s in sides:
+            given, wanted = (lhs_l, rhs_l) if s == "rhs" else (rhs_l, lhs_l)
+            for ridx, rows in self._by_relation(rel_ids):
+                d = direction(self.model, s, ridx)
+                src = self.tables.gather(d.source_type, self._ids(d.source_type, [given[i] for i in rows]))
+                dst = self.tables.gather(d.target_type, self._ids(d.target_type, [wanted[i] for i in rows]))
+                anchors = d.anchors(src, torch.from_numpy(rel_ids[rows]))
+                total[rows] += pair_scores(self.model, anchors, d.candidates(dst)).numpy()
+        return total / len(sides)
+
+    # ------------------------------------------------------------------ link prediction
+    @torch.no_grad()
+    def predict(self, entity: str | Sequence[str], rel: str | int | Sequence[str | int],
+                k: int = 10, *, side: str = "rhs",
+                filtered: bool | Sequence[str | os.PathLike[str]] = False,
+                ) -> list[Prediction] | list[list[Prediction]]:
+        """The ``k`` best completions of ``(entity, rel, ?)`` (``side="rhs"``, the default) or
+        of ``(?, rel, entity)`` (``side="lhs"``), against every entity of the type.
+
+        ``filtered``: leave out the completions that are known true edges: ``True`` uses the
+        config's edge paths, or give edge paths / edge files. One query (a name) gives a list of
+        :class:`Prediction`; a list of names gives one such list per name.
+
+        >>> [p.name for p in model.predict("paris", "capital_of", k=1)]
+        ['france']
+        """
+        if side not in ("lhs", "rhs"):
+            raise ValueError(f"side must be 'lhs' or 'rhs', not {side!r}")
+        single = isinstance(entity, str)
+        given_l, rel_l, _ = _broadcast(entity, rel, "")
+        rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
+        known = self._known_edges(filtered)
+        results: list[list[Prediction]] = [[] for _ in given_l]
+        for ridx, rows in self._by_relation(rel_ids):
+            d = direction(self.model, side, ridx)
+            given = self._ids(d.source_type, [given_l[i] for i in rows])
+            anchors = d.anchors(self.tables.gather(d.source_type, given),
+                                torch.from_numpy(rel_ids[rows]))
+            exclude = None
+            if known is not None:
+                exclude = known.true_tails(given, rel_ids[rows]) if side == "rhs" else \
+                    known.true_heads(given, rel_ids[rows])
+            top = self._search(anchors, d.target_type, k, d.candidates,
+                               lambda a, c: self.model.comparator.neg(a.unsqueeze(0), c.unsqueeze(0))[0],
+                               exclude)
+            for row, best in zip(rows, top, strict=True):
+                results[row] = self._predictions(d.target_type, best)
+        return results[0] if single else results
+
+    # ------------------------------------------------------------------ nearest neighbours
+    @torch.no_grad()
+    def similar(self, name: str, k: int = 10, *, type: str | None = None, metric: str = "cos",
+                use_faiss: bool = False) -> list[Prediction]:
+        """The ``k`` entities of the same type whose vectors are closest to ``name``'s.
+
+        ``metric``: "cos" (cosine similarity), "dot" (inner product) or "l2" (score = minus the
+        Euclidean distance). The entity itself is included (first, for "cos" and "l2").
+        Exact search, chunked over partitions; ``use_faiss=True`` uses FAISS for each block
+        when it is installed (and falls back to the exact torch search, with a warning, when
+        it is not).
+
+        >>> [p.name for p in model.similar("paris", k=3)]
+        ['paris', 'lyon', 'marseille']
+        """
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+        etype = self._type_of(name, type)
+
+        def prep(x: Tensor) -> Tensor:
+            x = self.tables.adjusted(etype, x)
+            return torch.nn.functional.normalize(x, dim=-1) if metric == "cos" else x
+
+        query = prep(self.tables.gather(etype, self._ids(etype, [name])))
+        if use_faiss and not faiss_available():
+            logger.warning("FAISS is not installed; using the exact torch search")
+            use_faiss = False
+        if use_faiss:
+            top = self._search_faiss(query, etype, k, prep, "l2" if metric == "l2" else "dot")
+        else:
+            top = self._search(query, etype, k, prep, _similarity(metric), None)
+        return self._predictions(etype, top[0])
+
+    # ------------------------------------------------------------------ search helpers
+    def _blocks(self, etype: str, queries: int):
+        """(global first id, stored rows) of candidate blocks small enough for the budget."""
+        bases = self.tables.bases(etype)
+        block = max(1, MAX_SCORES // max(1, queries))
+        for part in range(len(bases) - 1):
+            lo, hi = int(bases[part]), int(bases[part + 1])
+            if hi == lo:
+                continue
+            table = self.tables.table(etype, part)
+            for b0 in range(0, hi - lo, block):
+                yield lo + b0, table[b0 : b0 + block]
+
+    def _search(self, anchors: Tensor, etype: str, k: int, prepare, score_fn,
+                exclude: tuple[np.ndarray, np.ndarray] | None) -> list[list[tuple[int, float]]]:
+        top = RunningTopK(anchors.shape[0], k)
+        for g0, rows in self._blocks(etype, anchors.shape[0]):
+            scores = score_fn(anchors, prepare(rows)).float()
+            g1 = g0 + rows.shape[0]
+            if exclude is not None:
+                qrow, col = exclude
+                m = (col >= g0) & (col < g1)
+                if m.any():
+                    scores[torch.from_numpy(qrow[m]), torch.from_numpy(col[m] - g0)] = float("-inf")
+            top.push(scores, torch.arange(g0, g1))
+        return top.result()
+
+    def _search_faiss(self, query: Tensor, etype: str, k: int, prepare, kind: str
+                      ) -> list[list[tuple[int, float]]]:
+        top = RunningTopK(query.shape[0], k)
+        for g0, rows in self._blocks(etype, query.shape[0]):
+            scores, offsets = faiss_topk(query.numpy(), prepare(rows).numpy(), k, kind)
+            top.push(torch.from_numpy(scores), torch.from_numpy(offsets + g0))
+        return top.result()
+
+    def _predictions(self, etype: str, best: list[tuple[int, float]]) -> list[Prediction]:
+        names = self._names_of(etype, np.array([i for i, _ in best], dtype=np.int64))
+        return [Prediction(n, float(s) + 0.0, etype)  # + 0.0: no -0.0 in output
+                for n, (_, s) in zip(names, best, strict=True)]
+
+    # ------------------------------------------------------------------ names <-> ids
+    def _check_type(self, type: str | None) -> str:
+        if type is None:
+            if len(self.entity_types) == 1:
+                return self.entity_types[0]
+            raise InputError(f"the model has several entity types ({', '.join(self.entity_types)}); "
+                             f"pass type=")
+        if type not in self.trained.config.entities:
+            raise UnknownNameError(f"unknown entity type {type!r} (known: "
+                                   f"{', '.join(self.entity_types)})")
+        return type
+
+    def _type_of(self, name: str, type: str | None) -> str:
+        if type is not None or len(self.entity_types) == 1:
+            return self._check_type(type)
+        found = [t for t in self.entity_types if self.store.offset_of(t, name) is not None]
+        if not found:
+            raise UnknownNameError(f"unknown entity {name!r} (no entity type has it)")
+        if len(found) > 1:
+            raise InputError(f"entity {name!r} exists in several types ({', '.join(found)}); "
+                             f"pass type=")
+        return found[0]
+
+    def _ids(self, etype: str, names: Sequence[str]) -> np.ndarray:
+        parts, offsets = self.store.lookup(etype, list(names))
+        if (parts < 0).any():
+            bad = names[int(np.flatnonzero(parts < 0)[0])]
+            raise UnknownNameError(f"unknown entity {bad!r} (not among the {etype!r} names of "
+                                   f"{self.store.path})")
+        return self.tables.bases(etype)[parts] + offsets
+
+    def _names_of(self, etype: str, ids: np.ndarray) -> list[str]:
+        bases = self.tables.bases(etype)
+        parts = np.searchsorted(bases, ids, side="right") - 1
+        out: list[str] = [""] * len(ids)
+        for part in np.unique(parts).tolist():
+            sel = np.flatnonzero(parts == part)
+            names = self.store.names_array(etype, part).take(ids[sel] - bases[part]).to_pylist()
+            for i, n in zip(sel.tolist(), names, strict=True):
+                out[i] = n
+        return out
+
+    def _relation_id(self, rel: str | int) -> int:
+        if isinstance(rel, (int, np.integer)):
+            if not 0 <= int(rel) < len(self._relations):
+                raise UnknownNameError(f"relation id {rel} out of range (0..{len(self._relations) - 1})")
+            return int(rel)
+        rid = self._relation_ids.get(rel)
+        if rid is None:
+            sample = ", ".join(repr(r) for r in self._relations[:5])
+            raise UnknownNameError(f"unknown relation {rel!r} (the model has "
+                                   f"{len(self._relations)}: {sample}{', ...' if len(self._relations) > 5 else ''})")
+        return rid
+
+    def _by_relation(self, rel_ids: np.ndarray):
+        """(relation, rows) groups: one group in dynamic mode (ids go per row)."""
+        if self.model.dynamic:
+            yield 0, np.arange(len(rel_ids))
+            return
+        for ridx in np.unique(rel_ids).tolist():
+            yield ridx, np.flatnonzero(rel_ids == ridx)
+
+    def _known_edges(self, filtered) -> KnownEdges | None:
+        if filtered is False or filtered is None:
+            return None
+        paths = tuple(self.config.edge_paths) if filtered is True else \
+            tuple(str(p) for p in filtered)
+        if paths not in self._known:
+            from bigembed.eval.edge_input import EdgeLoader
+            from bigembed.eval.ranking import EvalEdges
+
+            loader = EdgeLoader(self.trained, entity_path=self.store.path)
+            edges = EvalEdges.concat([loader.load(p).edges for p in paths])
+            self._known[paths] = KnownEdges(edges.lhs, edges.rel, edges.rhs, self.model.num_relations)
+        return self._known[paths]
+
+
+def _similarity(metric: str):
+    def dot(a: Tensor, c: Tensor) -> Tensor:
+        return a @ c.T
+
+    def l2(a: Tensor, c: Tensor) -> Tensor:
+        # the exact formula: an entity's distance to itself is 0, not rounding noise
+        return -torch.cdist(a, c, compute_mode="donot_use_mm_for_euclid_dist")
+
+    return l2 if metric == "l2" else dot
+
+
+def _broadcast(*values) -> list[list]:
+    """Lists of equal length from single values and sequences."""
+    lists = [[v] if isinstance(v, (str, int, np.integer)) else list(v) for v in values]
+    n = max(len(v) for v in lists)
+    out = []
+    for v in lists:
+        if len(v) == 1:
+            v = v * n
+        elif len(v) != n:
+            raise ValueError(f"got sequences of different lengths ({', '.join(str(len(x)) for x in lists)})")
+        out.append(v)
+    return out
+
+
+# ---------------------------------------------------------------------- demo helper
+
+
+def example_predictions(model: EmbeddingModel, n: int = 5, *, edge_path: str | Path | None = None,
+                        k: int = 3, seed: int = 0) -> str:
+    """A few example tail predictions with names, as text for people to read.
+
+    Draws ``n`` edges from ``edge_path`` (an edge path or edge file; default: the config's
+    first edge path), shows the top ``k`` tails of each ``(lhs, rel, ?)``, marks the true tail
+    with ``*`` and gives its raw rank among all entities of its type.
+    """
+    from bigembed.eval.edge_input import EdgeLoader
+    from bigembed.eval.ranking import EvalEdges, rank_edges
+
+    path = edge_path if edge_path is not None else model.config.edge_paths[0]
+    edges = EdgeLoader(model.trained, entity_path=model.store.path).load(path).edges
+    if len(edges) == 0:
+        return f"(no edges in {path})"
+    pick = np.sort(np.random.default_rng(seed).choice(len(edges), min(n, len(edges)), replace=False))
+    sample = EvalEdges(edges.lhs[pick], edges.rel[pick], edges.rhs[pick])
+    ranks = rank_edges(model.model, model.tables, model.trained.partition_bases, sample, None).rhs
+    assert ranks is not None
+    lines = [f"Example predictions from {path} (top {k} tails; * marks the true tail):"]
+    for i in range(len(sample)):
+        rid = int(sample.rel[i])
+        d = direction(model.model, "rhs", rid)
+        head = model._names_of(d.source_type, sample.lhs[i : i + 1])[0]
+        tail = model._names_of(d.target_type, sample.rhs[i : i + 1])[0]
+        rel = model.relation_names[rid]
+        lines.append(f"  {head}  --{rel}-->  ?")
+        for j, p in enumerate(model.predict(head, rid, k=k), start=1):
+            mark = " *" if p.name == tail else ""
+            lines.append(f"      {j}. {p.name}  ({p.score:.3f}){mark}")
+        lines.append(f"      true tail {tail}: rank {int(ranks.raw[i]):,} of "
+                     f"{int(ranks.candidates[i]):,}")
+    return "\n".join(lines)
