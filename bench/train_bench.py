@@ -48,7 +48,9 @@ def run(cmd: list[str]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="float32")
@@ -63,23 +65,56 @@ def main() -> int:
     paths = [work / s for s in ("train", "valid", "test")]
     common = ["-p", f"entity_path={ents}", "-p", f"workers={args.workers}"]
     if not (ents / "manifest.json").exists():
-        run([sys.executable, "-m", "bigembed.cli", "import", str(CONFIG), *common,
-             "-p", "edge_paths=" + ",".join(map(str, paths)),
-             *(str(DATA / f"{s}.txt.gz") for s in ("train", "valid", "test")), "--no-progress", "--force"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "bigembed.cli",
+                "import",
+                str(CONFIG),
+                *common,
+                "-p",
+                "edge_paths=" + ",".join(map(str, paths)),
+                *(str(DATA / f"{s}.txt.gz") for s in ("train", "valid", "test")),
+                "--no-progress",
+                "--force",
+            ]
+        )
 
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
     rows = []
-    for dtype in (["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]):
+    for dtype in ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]:
         ckpt = work / f"model_{dtype}_{args.epochs}ep"
-        overrides = [*common, "-p", f"edge_paths={paths[0]}", "-p", f"checkpoint_path={ckpt}",
-                     "-p", f"num_epochs={args.epochs}", "-p", f"compute_dtype={dtype}"]
+        overrides = [
+            *common,
+            "-p",
+            f"edge_paths={paths[0]}",
+            "-p",
+            f"checkpoint_path={ckpt}",
+            "-p",
+            f"num_epochs={args.epochs}",
+            "-p",
+            f"compute_dtype={dtype}",
+        ]
         cfg = load_config(CONFIG, overrides=[o for o in overrides if o != "-p"])
         subprocess.run(["rm", "-rf", str(ckpt)], check=True)
         t0 = time.perf_counter()
-        run([sys.executable, "-m", "bigembed.cli", "train", str(CONFIG), *overrides, "--no-progress"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "bigembed.cli",
+                "train",
+                str(CONFIG),
+                *overrides,
+                "--no-progress",
+            ]
+        )
         wall = time.perf_counter() - t0
         rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        steps = [json.loads(line) for line in (ckpt / "training_stats.json").read_text().splitlines()]
+        steps = [
+            json.loads(line) for line in (ckpt / "training_stats.json").read_text().splitlines()
+        ]
         steps = [s for s in steps if s["type"] == "step"]
         edges = sum(s["stats"]["count"] for s in steps)
         train_s = sum(s["seconds"] for s in steps)
@@ -88,21 +123,47 @@ def main() -> int:
         mrr = hits10 = float("nan")
         if not args.no_eval:
             mrr, hits10 = filtered_test(ckpt, paths)
-        rows.append((dtype, args.epochs, train_s / args.epochs, wall, eps, gflops, gflops / peak32,
-                     rss_mb, mrr, hits10))
+        rows.append(
+            (
+                dtype,
+                args.epochs,
+                train_s / args.epochs,
+                wall,
+                eps,
+                gflops,
+                gflops / peak32,
+                rss_mb,
+                mrr,
+                hits10,
+            )
+        )
 
     print()
-    print(f"FB15k-237, {CONFIG.name}: d={cfg.dimension}, {cfg.num_uniform_negs} uniform + "
-          f"{cfg.num_batch_negs} batch negatives, workers={args.workers}, {os.cpu_count()} cores; "
-          f"{flop_per_edge(cfg) / 1e6:.2f} MFLOP/edge")
+    print(
+        f"FB15k-237, {CONFIG.name}: d={cfg.dimension}, {cfg.num_uniform_negs} uniform + "
+        f"{cfg.num_batch_negs} batch negatives, workers={args.workers}, {os.cpu_count()} cores; "
+        f"{flop_per_edge(cfg) / 1e6:.2f} MFLOP/edge"
+    )
     print(f"torch.mm peak in this run: fp32 {peak32:.0f} GFLOP/s, bf16 {peak16:.0f} GFLOP/s")
-    head = ("mode", "epochs", "s/epoch", "wall s", "edges/s", "GFLOP/s", "of fp32 peak",
-            "peak RSS MB", "filtered MRR", "Hits@10")
+    head = (
+        "mode",
+        "epochs",
+        "s/epoch",
+        "wall s",
+        "edges/s",
+        "GFLOP/s",
+        "of fp32 peak",
+        "peak RSS MB",
+        "filtered MRR",
+        "Hits@10",
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:,.0f} | {r[5]:.0f} | {r[6]:.0%} | "
-              f"{r[7]:.0f} | {r[8]:.4f} | {r[9]:.4f} |")
+        print(
+            f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:,.0f} | {r[5]:.0f} | "
+            f"{r[6]:.0%} | {r[7]:.0f} | {r[8]:.4f} | {r[9]:.4f} |"
+        )
     return 0
 
 
@@ -120,8 +181,10 @@ def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
         return EvalEdges(c.lhs.astype(np.int64), c.rel.astype(np.int64), c.rhs.astype(np.int64))
 
     sets = [edges(p) for p in paths]
-    known = KnownEdges(*(np.concatenate([getattr(e, k) for e in sets]) for k in ("lhs", "rel", "rhs")),
-                       num_relations=len(tm.relation_names))
+    known = KnownEdges(
+        *(np.concatenate([getattr(e, k) for e in sets]) for k in ("lhs", "rel", "rhs")),
+        num_relations=len(tm.relation_names),
+    )
     cache: dict = {}
 
     def source(t: str, p: int) -> torch.Tensor:

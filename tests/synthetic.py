@@ -28,7 +28,7 @@ def write_graph(
     weights: bool = False,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """One entity type ``node``; relations ``r0..``; entity path ``root/entities``, edges ``root/edges``.
+    """One entity type ``node``, relations ``r0..``; stores in ``root/entities``, ``root/edges``.
 
     Returns the global edge arrays for checks.
     """

@@ -10,8 +10,18 @@ from bigembed.cli import main as cli_main
 
 def test_demo_end_to_end(tmp_path: Path, capsys) -> None:
     work = tmp_path / "demo"
-    args = ["demo", "--workdir", str(work), "--epochs", "1", "--dimension", "16", "--workers", "1",
-            "--no-progress"]
+    args = [
+        "demo",
+        "--workdir",
+        str(work),
+        "--epochs",
+        "1",
+        "--dimension",
+        "16",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "14,541" in out  # entities of FB15k-237

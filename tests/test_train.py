@@ -68,10 +68,14 @@ def test_out_of_core_every_bucket_once(tmp_path: Path, order: str) -> None:
     result = trainer.train()
     # Invariant 1: every bucket of every epoch trained exactly once.
     for version in (1, 2):
-        seen = [(r["lhs_partition"], r["rhs_partition"]) for r in _stats(cfg)
-                if r["type"] == "bucket" and r["version"] == version]
-        expected = [(i, j) for i in range(4) for j in range(4)
-                    if trainer.edge_stores[0].num_edges(i, j) > 0]
+        seen = [
+            (r["lhs_partition"], r["rhs_partition"])
+            for r in _stats(cfg)
+            if r["type"] == "bucket" and r["version"] == version
+        ]
+        expected = [
+            (i, j) for i in range(4) for j in range(4) if trainer.edge_stores[0].num_edges(i, j) > 0
+        ]
         assert sorted(seen) == sorted(expected)
     # Out-of-core: the embeddings held at once never exceed 2 of the 4 partitions.
     per_partition = result.total_partition_bytes / 4
@@ -79,16 +83,28 @@ def test_out_of_core_every_bucket_once(tmp_path: Path, order: str) -> None:
     assert result.peak_partition_bytes > 0
 
 
-@pytest.mark.parametrize("operator", ["none", "translation", "diagonal", "linear", "affine", "complex_diagonal"])
+@pytest.mark.parametrize(
+    "operator", ["none", "translation", "diagonal", "linear", "affine", "complex_diagonal"]
+)
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_every_operator_trains(tmp_path: Path, operator: str, dynamic: bool) -> None:
     write_graph(tmp_path, num_edges=1500)
     if dynamic:
-        cfg = graph_config(tmp_path, num_epochs=1, relations=[
-            {"name": "all", "lhs": "node", "rhs": "node", "operator": operator}])
+        cfg = graph_config(
+            tmp_path,
+            num_epochs=1,
+            relations=[{"name": "all", "lhs": "node", "rhs": "node", "operator": operator}],
+        )
     else:
-        cfg = graph_config(tmp_path, num_epochs=1, dynamic_relations=False, relations=[
-            {"name": f"r{k}", "lhs": "node", "rhs": "node", "operator": operator} for k in range(3)])
+        cfg = graph_config(
+            tmp_path,
+            num_epochs=1,
+            dynamic_relations=False,
+            relations=[
+                {"name": f"r{k}", "lhs": "node", "rhs": "node", "operator": operator}
+                for k in range(3)
+            ],
+        )
     result = train(cfg, progress=False)
     assert np.isfinite(result.last_stats["stats"]["loss"])
 
@@ -97,8 +113,15 @@ def test_every_operator_trains(tmp_path: Path, operator: str, dynamic: bool) -> 
 @pytest.mark.parametrize("loss", ["ranking", "logistic", "softmax"])
 def test_every_comparator_and_loss_trains(tmp_path: Path, comparator: str, loss: str) -> None:
     write_graph(tmp_path, num_edges=1500, weights=True)
-    cfg = graph_config(tmp_path, num_epochs=1, comparator=comparator, loss_fn=loss, bias=comparator == "dot",
-                       regularization_coef=1e-3, max_norm=1.0 if comparator == "l2" else None)
+    cfg = graph_config(
+        tmp_path,
+        num_epochs=1,
+        comparator=comparator,
+        loss_fn=loss,
+        bias=comparator == "dot",
+        regularization_coef=1e-3,
+        max_norm=1.0 if comparator == "l2" else None,
+    )
     result = train(cfg, progress=False)
     assert np.isfinite(result.last_stats["stats"]["loss"])
 
@@ -106,9 +129,19 @@ def test_every_comparator_and_loss_trains(tmp_path: Path, comparator: str, loss:
 def test_standard_mode_all_negs_global_emb_disabled_side(tmp_path: Path) -> None:
     write_graph(tmp_path, num_edges=1500)
     cfg = graph_config(
-        tmp_path, num_epochs=1, dynamic_relations=False, global_emb=True, disable_lhs_negs=True,
+        tmp_path,
+        num_epochs=1,
+        dynamic_relations=False,
+        global_emb=True,
+        disable_lhs_negs=True,
         relations=[
-            {"name": "r0", "lhs": "node", "rhs": "node", "operator": "translation", "all_negs": True},
+            {
+                "name": "r0",
+                "lhs": "node",
+                "rhs": "node",
+                "operator": "translation",
+                "all_negs": True,
+            },
             {"name": "r1", "lhs": "node", "rhs": "node", "operator": "diagonal", "weight": 0.5},
             {"name": "r2", "lhs": "node", "rhs": "node", "operator": "none"},
         ],
@@ -120,8 +153,9 @@ def test_standard_mode_all_negs_global_emb_disabled_side(tmp_path: Path) -> None
 
 def test_withheld_eval_improves(tmp_path: Path) -> None:
     write_graph(tmp_path, num_entities=100, num_edges=6000)
-    cfg = graph_config(tmp_path, num_epochs=4, eval_fraction=0.1, eval_num_batch_negs=50,
-                       eval_num_uniform_negs=50)
+    cfg = graph_config(
+        tmp_path, num_epochs=4, eval_fraction=0.1, eval_num_batch_negs=50, eval_num_uniform_negs=50
+    )
     train(cfg, progress=False)
     steps = [r for r in _stats(cfg) if r["type"] == "step"]
     first, last = steps[0]["eval_stats_before"], steps[-1]["eval_stats_after"]
@@ -133,8 +167,14 @@ def test_init_path_warm_start(tmp_path: Path) -> None:
     write_graph(tmp_path)
     base = graph_config(tmp_path, num_epochs=1)
     train(base, progress=False)
-    warm = graph_config(tmp_path, num_epochs=1, checkpoint_path=str(tmp_path / "warm"),
-                        init_path=base.checkpoint_path, lr=0.0, relation_lr=0.0)
+    warm = graph_config(
+        tmp_path,
+        num_epochs=1,
+        checkpoint_path=str(tmp_path / "warm"),
+        init_path=base.checkpoint_path,
+        lr=0.0,
+        relation_lr=0.0,
+    )
     train(warm, progress=False)
     a = load_trained(base.checkpoint_path).embeddings("node", 0)
     b = load_trained(warm.checkpoint_path).embeddings("node", 0)
@@ -205,8 +245,9 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
     store = CheckpointStore(cfg.checkpoint_path)
     rng = random.Random(1234)
     for _trial in range(3):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         time.sleep(rng.uniform(1.0, 4.0))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

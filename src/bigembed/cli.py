@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "eval_cmd",
     "export_cmd",
     "query_cmd",
+    "convert_cmd",
     "plot_cmd",
     "dist_cmd",
 )

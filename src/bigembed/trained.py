@@ -50,7 +50,9 @@ class TrainedModel:
         """Per entity type, the global index of each partition's first entity."""
         out = {}
         for etype in self.config.entities:
-            counts = [self.entity_counts.get((etype, p), 0) for p in range(self.num_partitions(etype))]
+            counts = [
+                self.entity_counts.get((etype, p), 0) for p in range(self.num_partitions(etype))
+            ]
             out[etype] = np.concatenate(([0], np.cumsum(counts)))
         return out
 
@@ -62,7 +64,9 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
         raise CheckpointError(f"{store.path}: no such checkpoint directory")
     version = store.committed_version()
     if version <= 0:
-        raise CheckpointError(f"{store.path}: no complete checkpoint (checkpoint_version.txt missing)")
+        raise CheckpointError(
+            f"{store.path}: no complete checkpoint (checkpoint_version.txt missing)"
+        )
     meta = store.load_metadata(version)
     config = parse_config_dict(meta["config"], source=str(store.metadata_path(version)))
     num_rel = int(meta.get("num_relations", len(config.relations)))
@@ -71,15 +75,19 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"{store.model_path(version)}: does not fit its config: {exc}") from None
+        raise CheckpointError(
+            f"{store.model_path(version)}: does not fit its config: {exc}"
+        ) from None
     model.eval()
     counts = {}
     for key, count in meta.get("entity_counts", {}).items():
         etype, _, part = key.rpartition("_")
         counts[(etype, int(part))] = int(count)
-    for (etype, part) in counts:
+    for etype, part in counts:
         if etype in config.entities and not store.has_partition(etype, part, version):
             raise CheckpointError(
                 f"{store.embeddings_path(etype, part, version)}: missing (incomplete checkpoint?)"
             )
-    return TrainedModel(store.path, version, config, model, counts, list(meta.get("relation_names", [])))
+    return TrainedModel(
+        store.path, version, config, model, counts, list(meta.get("relation_names", []))
+    )

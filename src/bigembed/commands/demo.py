@@ -61,21 +61,29 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"== 1/3 Import FB15k-237 (bundled) into {work}")
     import_cfg = load_config(config_path, _overrides(args, work, splits))
-    if (work / "entities" / "manifest.json").exists() and all((p / "manifest.json").exists() for p in splits):
+    if (work / "entities" / "manifest.json").exists() and all(
+        (p / "manifest.json").exists() for p in splits
+    ):
         print("   already imported; reusing it (use --fresh to start over)")
     else:
-        summary = run_import(import_cfg, ImportOptions(inputs=[files[s] for s in files], force=True,
-                                                      progress=progress))
+        summary = run_import(
+            import_cfg,
+            ImportOptions(inputs=[files[s] for s in files], force=True, progress=progress),
+        )
         print(summary.format())
 
     print(f"\n== 2/3 Train ({config_path.name}: ComplEx, dynamic relations, softmax loss)")
     cfg = load_config(config_path, _overrides(args, work, splits[:1]))
-    print(f"   dimension {cfg.dimension}, {cfg.num_epochs} epochs, {cfg.num_uniform_negs} uniform "
-          f"negatives, {cfg.resolved_workers()} Hogwild workers; checkpoint {cfg.checkpoint_path}")
+    print(
+        f"   dimension {cfg.dimension}, {cfg.num_epochs} epochs, {cfg.num_uniform_negs} uniform "
+        f"negatives, {cfg.resolved_workers()} Hogwild workers; checkpoint {cfg.checkpoint_path}"
+    )
     result = train(cfg, progress=progress)
     if result.steps_run:
-        print(f"   trained {result.steps_run} epoch(s) in {result.seconds:.1f}s "
-              f"({result.edges_per_sec:,.0f} edges/s)")
+        print(
+            f"   trained {result.steps_run} epoch(s) in {result.seconds:.1f}s "
+            f"({result.edges_per_sec:,.0f} edges/s)"
+        )
     else:
         print("   already trained; reusing the checkpoint")
 
@@ -89,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> None:
     from bigembed.eval.report import evaluate_checkpoint
 
-    report = evaluate_checkpoint(cfg, edge_paths=[splits[2]], filter_paths=splits, progress=progress)
+    report = evaluate_checkpoint(
+        cfg, edge_paths=[splits[2]], filter_paths=splits, progress=progress
+    )
     print(report.table())
     out = work / "eval_test.json"
     report.write_json(out) if hasattr(report, "write_json") else out.write_text(report.to_json())

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     )
     after = result.last_stats.get("eval_stats_after")
     if after:
-        print("Withheld-edge eval after the last step: " + json.dumps(
-            {k: round(v, 4) for k, v in after.items() if k != "count"}))
+        print(
+            "Withheld-edge eval after the last step: "
+            + json.dumps({k: round(v, 4) for k, v in after.items() if k != "count"})
+        )
     return 0

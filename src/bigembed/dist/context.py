@@ -179,25 +179,24 @@ class DistContext:
         self.on_fatal(message)
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
-        """Leave cleanly: mark this rank finished; rank 0 waits for everybody to leave first."""
+    def close(self, clean: bool = True) -> None:
+        """Leave: mark this rank finished; rank 0, the store host, waits for everybody first."""
         store = self.store
-        if store is None:
-            return
         if self.watchdog is not None:
-            self.watchdog.stop(clean=True)
-        try:
-            store.set(f"exit/{self.rank}", "1")
-            if self.rank == 0:
-                others = [f"exit/{r}" for r in range(1, self.layout.world_size)]
-                if others:
-                    store.wait(others, timedelta(seconds=self.timeout))
-        except Exception as exc:  # leaving anyway
-            logger.debug("shutdown: %s", exc)
+            self.watchdog.stop(clean=clean)
+        if store is not None and clean:
+            try:
+                store.set(f"exit/{self.rank}", "1")
+                if self.rank == 0:
+                    others = [f"exit/{r}" for r in range(1, self.layout.world_size)]
+                    if others:
+                        store.wait(others, timedelta(seconds=self.timeout))
+            except Exception as exc:  # leaving anyway
+                logger.debug("shutdown: %s", exc)
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        if self.rank == 0 and self.address.kind == "file":
+        if clean and self.rank == 0 and self.address.kind == "file":
             with contextlib.suppress(OSError):
                 os.unlink(self.address.path)
         self.store = None

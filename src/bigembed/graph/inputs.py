@@ -12,19 +12,21 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from bigembed.errors import InputError
+from bigembed.graph.throttle import ReadAheadLimit
 
 TEXT_FORMATS = ("tsv", "csv")
 FORMATS = (*TEXT_FORMATS, "parquet")
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 _EXTENSIONS = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 ROLES = ("lhs", "rel", "rhs", "weight")
+READ_AHEAD_BLOCKS = 3
 
 
 def detect_format(path: Path, forced: str | None) -> tuple[str, str | None]:
@@ -159,23 +161,20 @@ class InputFile:
         self._resolve_columns()
 
     # ---- opening
-    def _open_stream(self) -> tuple[BinaryIO, pa.NativeFile]:
-        """(raw file, stream to parse); ``raw.tell()`` is the progress in file bytes.
-
-        The file is wrapped as a Python file on purpose: given an OS file, pyarrow's streaming
-        CSV reader reads ahead without bound when parsing is the slower side (measured: most
-        of a 600 MB file in memory), which would make memory grow with the input.
-        """
+    def _open_stream(self) -> tuple[BinaryIO, Any]:
+        """(raw file, decompressed stream); ``raw.tell()`` is the progress in file bytes."""
         raw = open(self.path, "rb")  # noqa: SIM115 (closed by the caller)
-        stream = pa.PythonFile(raw, mode="r")
         if self.compression is None:
-            return raw, stream
-        return raw, pa.CompressedInputStream(stream, self.compression)
+            return raw, raw
+        return raw, pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), self.compression)
 
     def _text_reader(
-        self, include: list[str] | None, block_size: int
+        self, include: list[str] | None, block_size: int, limit: ReadAheadLimit | None = None
     ) -> tuple[BinaryIO, pacsv.CSVStreamingReader]:
         raw, stream = self._open_stream()
+        if limit is not None:
+            limit.attach(stream)
+            stream = limit
         read = pacsv.ReadOptions(
             block_size=block_size,
             use_threads=False,  # row numbers in parse errors need the serial reader
@@ -193,7 +192,10 @@ class InputFile:
         parse.invalid_row_handler = self.bad_columns.handler if include is not None else _skip
         try:
             reader = pacsv.open_csv(
-                stream, read_options=read, parse_options=parse, convert_options=convert
+                pa.PythonFile(stream, mode="r"),
+                read_options=read,
+                parse_options=parse,
+                convert_options=convert,
             )
         except pa.ArrowInvalid as exc:
             raw.close()
@@ -263,7 +265,9 @@ class InputFile:
 
     def _text_batches(self) -> Iterator[Batch]:
         names = list(self.selected.values())
-        raw, reader = self._text_reader(names, self.text.block_size)
+        block = self.text.block_size
+        limit = ReadAheadLimit(READ_AHEAD_BLOCKS * block)
+        raw, reader = self._text_reader(names, block, limit)
         by_name = {name: role for role, name in self.selected.items()}
         row = 0
         try:
@@ -279,6 +283,7 @@ class InputFile:
                 except (OSError, pa.ArrowException) as exc:
                     raise self._arrow_error(exc) from None
                 if record.num_rows == 0:
+                    limit.advance(block)
                     continue
                 cols = {by_name[n]: record.column(n) for n in record.schema.names}
                 text_bytes = 0
@@ -287,7 +292,9 @@ class InputFile:
                     text_bytes += sum(_data_size(c) for c in cols.values())
                 yield Batch(cols, row, raw.tell(), text_bytes)
                 row += record.num_rows
+                limit.advance(block)  # about one block of input per batch
         finally:
+            limit.stop()
             raw.close()
 
     def _parquet_batches(self) -> Iterator[Batch]:

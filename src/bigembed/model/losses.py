@@ -28,7 +28,9 @@ def _weighted_sum(per_positive: Tensor, weight: Tensor | None) -> Tensor:
     return per_positive.sum()
 
 
-def ranking_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None, margin: float) -> Tensor:
+def ranking_loss(
+    pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None, margin: float
+) -> Tensor:
     """Σ_j max(0, margin − s_i + t_ij)."""
     blocks = _blocks(neg)
     if pos.numel() == 0 or not blocks:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 
 class Operator(nn.Module):
-    """Base class. ``num_relations is None`` means standard mode (parameters without a relation axis)."""
+    """Base class. ``num_relations is None`` means standard mode (no relation axis)."""
 
     name = "base"
 
@@ -38,7 +38,7 @@ class Operator(nn.Module):
         return _CubedAbsSum.apply(x)
 
     def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
-        """Magnitudes of the parameters the N3 regulariser penalises, or None when there are none."""
+        """Magnitudes of the parameters the N3 regulariser penalises (None: there are none)."""
         return None
 
 

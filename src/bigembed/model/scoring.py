@@ -82,16 +82,27 @@ class ScoringModel(nn.Module):
             (rel,) = config.relations
             self.num_relations = num_dynamic_relations
             self.lhs_operators = nn.ModuleList(
-                [make_operator(rel.operator, config.entity_dimension(rel.lhs), num_dynamic_relations)]
+                [
+                    make_operator(
+                        rel.operator, config.entity_dimension(rel.lhs), num_dynamic_relations
+                    )
+                ]
             )
             self.rhs_operators = nn.ModuleList(
-                [make_operator(rel.operator, config.entity_dimension(rel.rhs), num_dynamic_relations)]
+                [
+                    make_operator(
+                        rel.operator, config.entity_dimension(rel.rhs), num_dynamic_relations
+                    )
+                ]
             )
         else:
             self.num_relations = len(config.relations)
             self.lhs_operators = nn.ModuleList()
             self.rhs_operators = nn.ModuleList(
-                [make_operator(r.operator, config.entity_dimension(r.rhs)) for r in config.relations]
+                [
+                    make_operator(r.operator, config.entity_dimension(r.rhs))
+                    for r in config.relations
+                ]
             )
         self.global_embs = nn.ParameterDict()
         if config.global_emb:
@@ -139,10 +150,14 @@ class ScoringModel(nn.Module):
         if negs.num_batch_negs > 0:
             parts.append(batch_negative_scores(cmp, anchors, src_pos, negs.num_batch_negs, dtype))
         if src_uniform is not None and src_uniform.shape[1] > 0:
-            parts.append(shared_negative_scores(cmp, anchors, src_uniform, negs.uniform_group, dtype))
+            parts.append(
+                shared_negative_scores(cmp, anchors, src_uniform, negs.uniform_group, dtype)
+            )
         return parts
 
-    def _reg(self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int) -> Tensor:
+    def _reg(
+        self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int
+    ) -> Tensor:
         if self.reg_coef == 0:
             return src.new_zeros(())
         total = operator.reg_embeddings_sum(src) + operator.reg_embeddings_sum(dst)
@@ -161,7 +176,7 @@ class ScoringModel(nn.Module):
         weight: Tensor | None,
         negs: NegativeSettings,
     ) -> BatchScores:
-        """Score a batch. ``rel`` holds per-edge relation ids (dynamic mode) and is ignored otherwise."""
+        """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only)."""
         rcfg = self.relation_config(relation_idx)
         cmp = self.comparator
         all_negs = bool(rcfg.all_negs)
@@ -184,12 +199,24 @@ class ScoringModel(nn.Module):
             rhs_t = cmp.prepare(op(rhs_x))
             pos = cmp.pos(lhs_p, rhs_t)
             lhs_neg = self._direction(
-                lhs_p, prep_neg(lhs.uniform, rcfg.lhs, None), prep_neg(lhs.all, rcfg.lhs, None),
-                lhs.pos_idx, rhs_t, negs, not negs.disable_lhs, all_negs,
+                lhs_p,
+                prep_neg(lhs.uniform, rcfg.lhs, None),
+                prep_neg(lhs.all, rcfg.lhs, None),
+                lhs.pos_idx,
+                rhs_t,
+                negs,
+                not negs.disable_lhs,
+                all_negs,
             )
             rhs_neg = self._direction(
-                rhs_t, prep_neg(rhs.uniform, rcfg.rhs, op), prep_neg(rhs.all, rcfg.rhs, op),
-                rhs.pos_idx, lhs_p, negs, not negs.disable_rhs, all_negs,
+                rhs_t,
+                prep_neg(rhs.uniform, rcfg.rhs, op),
+                prep_neg(rhs.all, rcfg.rhs, op),
+                rhs.pos_idx,
+                lhs_p,
+                negs,
+                not negs.disable_rhs,
+                all_negs,
             )
             lhs_pos = rhs_pos = pos
             reg = self._reg(op, lhs_p, rhs_t, None, chunks)
@@ -202,14 +229,28 @@ class ScoringModel(nn.Module):
             lhs_pos = cmp.pos(lhs_p, rhs_t)
             rhs_pos = cmp.pos(rhs_p, lhs_t)
             lhs_neg = self._direction(
-                lhs_p, prep_neg(lhs.uniform, rcfg.lhs, None), prep_neg(lhs.all, rcfg.lhs, None),
-                lhs.pos_idx, rhs_t, negs, not negs.disable_lhs, all_negs,
+                lhs_p,
+                prep_neg(lhs.uniform, rcfg.lhs, None),
+                prep_neg(lhs.all, rcfg.lhs, None),
+                lhs.pos_idx,
+                rhs_t,
+                negs,
+                not negs.disable_lhs,
+                all_negs,
             )
             rhs_neg = self._direction(
-                rhs_p, prep_neg(rhs.uniform, rcfg.rhs, None), prep_neg(rhs.all, rcfg.rhs, None),
-                rhs.pos_idx, lhs_t, negs, not negs.disable_rhs, all_negs,
+                rhs_p,
+                prep_neg(rhs.uniform, rcfg.rhs, None),
+                prep_neg(rhs.all, rcfg.rhs, None),
+                rhs.pos_idx,
+                lhs_t,
+                negs,
+                not negs.disable_rhs,
+                all_negs,
             )
-            reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(lhs_op, rhs_p, lhs_t, rel, chunks)
+            reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
+                lhs_op, rhs_p, lhs_t, rel, chunks
+            )
 
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
         loss = loss * float(rcfg.weight)

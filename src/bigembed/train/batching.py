@@ -27,7 +27,9 @@ class Batch:
         return int(self.lhs.shape[0])
 
 
-def _take(lhs: Tensor, rhs: Tensor, rel: Tensor, weight: Tensor | None, sel: Tensor | slice, ridx: int) -> Batch:
+def _take(
+    lhs: Tensor, rhs: Tensor, rel: Tensor, weight: Tensor | None, sel: Tensor | slice, ridx: int
+) -> Batch:
     return Batch(lhs[sel], rhs[sel], rel[sel], ridx, None if weight is None else weight[sel])
 
 

@@ -40,7 +40,9 @@ def _affinity(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[Buck
         if (j, i) in remaining:
             nxt = (j, i)
         else:
-            sharing = sorted(b for b in remaining if b[0] == i or b[1] == j or b[0] == j or b[1] == i)
+            sharing = sorted(
+                b for b in remaining if b[0] == i or b[1] == j or b[0] == j or b[1] == i
+            )
             nxt = rng.choice(sharing) if sharing else rng.choice(sorted(remaining))
         order.append(nxt)
         remaining.remove(nxt)

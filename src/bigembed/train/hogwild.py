@@ -8,6 +8,7 @@ With one worker everything runs in the calling process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -60,7 +61,10 @@ class WorkerSetup:
 
 
 def run_task(
-    setup: WorkerSetup, task: BucketTask, trainer: BatchTrainer, progress: Callable[[int, float], None]
+    setup: WorkerSetup,
+    task: BucketTask,
+    trainer: BatchTrainer,
+    progress: Callable[[int, float], None],
 ) -> StepStats:
     """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch."""
     if task.delay > 0:
@@ -86,7 +90,9 @@ def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
     )
 
 
-def _worker_main(rank: int, setup: WorkerSetup, tasks: mp.Queue, results: mp.Queue, board: Tensor) -> None:
+def _worker_main(
+    rank: int, setup: WorkerSetup, tasks: mp.Queue, results: mp.Queue, board: Tensor
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     torch.set_num_threads(1)
     trainer = _make_trainer(setup)
@@ -160,6 +166,7 @@ class HogwildPool:
         n = int(lhs.shape[0])
         bounds = np.linspace(0, n, self.workers + 1).astype(np.int64)
         if self.workers == 1:
+
             def progress(edges: int, loss: float) -> None:
                 self.board[0, 0] += edges
                 self.board[0, 1] += loss
@@ -170,8 +177,15 @@ class HogwildPool:
         shared = [t.share_memory_() if t is not None else None for t in (lhs, rhs, rel, weight)]
         for rank in range(self.workers):
             self._tasks[rank].put(
-                BucketTask(tables, sides, *shared, int(bounds[rank]), int(bounds[rank + 1]),
-                           seed * 1000 + rank, stagger if rank > 0 else 0.0)
+                BucketTask(
+                    tables,
+                    sides,
+                    *shared,
+                    int(bounds[rank]),
+                    int(bounds[rank + 1]),
+                    seed * 1000 + rank,
+                    stagger if rank > 0 else 0.0,
+                )
             )
         total = StepStats()
         pending = set(range(self.workers))
@@ -197,7 +211,7 @@ class HogwildPool:
                 self.close()
                 hint = ""
                 if code == -signal.SIGBUS:
-                    hint = " (SIGBUS: shared memory exhausted; enlarge /dev/shm or use more partitions)"
+                    hint = " (SIGBUS: /dev/shm is full; enlarge it or use more partitions)"
                 elif code == -signal.SIGKILL:
                     hint = " (SIGKILL: probably out of memory)"
                 raise BigembedError(f"Hogwild worker {rank} died with exit code {code}{hint}")
@@ -205,10 +219,8 @@ class HogwildPool:
     def close(self) -> None:
         for rank, p in enumerate(self._procs):
             if p.is_alive():
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     self._tasks[rank].put(None)
-                except (OSError, ValueError):
-                    pass
         for p in self._procs:
             p.join(timeout=5)
             if p.is_alive():

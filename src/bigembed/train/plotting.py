@@ -18,11 +18,18 @@ def plot_training(records: list[dict[str, Any]], output: Path) -> None:
     steps = [r for r in records if r.get("type") == "step"]
     buckets = [r for r in records if r.get("type") == "bucket"]
     has_eval = any("eval_stats_after" in r for r in steps)
-    fig, axes = plt.subplots(1, 2 if has_eval else 1, figsize=(12 if has_eval else 7, 4.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, 2 if has_eval else 1, figsize=(12 if has_eval else 7, 4.5), squeeze=False
+    )
     ax = axes[0][0]
     if buckets:
-        ax.plot(range(1, len(buckets) + 1), [b["stats"]["loss"] for b in buckets], lw=0.8,
-                alpha=0.5, label="per bucket")
+        ax.plot(
+            range(1, len(buckets) + 1),
+            [b["stats"]["loss"] for b in buckets],
+            lw=0.8,
+            alpha=0.5,
+            label="per bucket",
+        )
     if steps:
         per_step_x = []
         n = 0
@@ -39,10 +46,18 @@ def plot_training(records: list[dict[str, Any]], output: Path) -> None:
         ax = axes[0][1]
         xs = [s["version"] for s in steps if "eval_stats_after" in s]
         for key in ("mrr", "hits@1", "hits@10"):
-            ax.plot(xs, [s["eval_stats_after"][key] for s in steps if "eval_stats_after" in s],
-                    "o-", label=f"{key} after")
-        ax.plot(xs, [s["eval_stats_before"]["mrr"] for s in steps if "eval_stats_before" in s],
-                "x--", label="mrr before")
+            ax.plot(
+                xs,
+                [s["eval_stats_after"][key] for s in steps if "eval_stats_after" in s],
+                "o-",
+                label=f"{key} after",
+            )
+        ax.plot(
+            xs,
+            [s["eval_stats_before"]["mrr"] for s in steps if "eval_stats_before" in s],
+            "x--",
+            label="mrr before",
+        )
         ax.set_xlabel("step (checkpoint version)")
         ax.set_title("Withheld-edge eval")
         ax.set_ylim(0, 1)

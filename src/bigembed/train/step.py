@@ -47,8 +47,11 @@ class StepStats:
 
 
 def _gather(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool = True) -> Tensor:
-    """Copy rows out of ``table`` as a leaf tensor; with ``max_norm``, renormalise them in place first
-    (the semantics of an embedding lookup with ``max_norm``)."""
+    """Copy rows out of ``table`` as a leaf tensor.
+
+    With ``max_norm`` the rows are renormalised in place first (the semantics of an embedding
+    lookup with ``max_norm``).
+    """
     rows = table.index_select(0, idx)
     if max_norm is not None:
         norms = rows.norm(dim=1, keepdim=True)
@@ -111,8 +114,12 @@ class BatchTrainer:
         model = self.model
         rcfg = model.relation_config(batch.relation_idx)
         all_negs = bool(rcfg.all_negs)
-        lhs_side, lhs_uidx = gather_side(lhs, batch.lhs, self.negs, all_negs, self.gen, self.max_norm)
-        rhs_side, rhs_uidx = gather_side(rhs, batch.rhs, self.negs, all_negs, self.gen, self.max_norm)
+        lhs_side, lhs_uidx = gather_side(
+            lhs, batch.lhs, self.negs, all_negs, self.gen, self.max_norm
+        )
+        rhs_side, rhs_uidx = gather_side(
+            rhs, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
+        )
         scores = model(lhs_side, rhs_side, batch.rel, batch.relation_idx, batch.weight, self.negs)
         total = scores.loss + scores.reg
         total.backward()

@@ -1,0 +1,94 @@
+"""Entry points of one distributed rank: ``bigembed train --rank R`` and ``partition-server``.
+
+Any error ends the whole run, not just this rank: a user error of this rank (bad checkpoint,
+unshared disk...) is published to the others at once; a communication error first gives the
+heartbeats a moment to name the peer that died. The process then leaves with ``os._exit``
+and a one-line message, because threads blocked in gloo would otherwise delay the exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from bigembed.config import ConfigSchema
+from bigembed.dist.context import DistContext
+from bigembed.dist.layout import RankLayout
+from bigembed.errors import BigembedError, PeerError
+
+logger = logging.getLogger(__name__)
+
+
+def _run_guarded(ctx: DistContext, body):  # type: ignore[no-untyped-def]
+    try:
+        return body()
+    except PeerError as exc:
+        ctx.fail(str(exc))
+    except BigembedError as exc:
+        ctx.abort(str(exc))
+    except RuntimeError as exc:  # gloo and c10d raise RuntimeError subclasses
+        logger.debug("communication error:\n%s", traceback.format_exc())
+        ctx.fail(f"communication error: {str(exc).strip().splitlines()[0]}")
+    except BaseException:
+        traceback.print_exc()
+        ctx.abort("unexpected error (traceback above)")
+    raise AssertionError("unreachable: the context ends the process")
+
+
+def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) -> int:
+    """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed."""
+    from bigembed.dist.trainer import DistributedTrainer
+
+    RankLayout.of(cfg).check_trainer_rank(rank)
+    ctx = DistContext(cfg, rank, command="train")
+    try:
+        ctx.open()
+    except BaseException:
+        ctx.close(clean=False)
+        raise
+
+    def body():  # type: ignore[no-untyped-def]
+        trainer = DistributedTrainer(cfg, ctx, progress=progress and rank == 0)
+        result = trainer.train()
+        trainer.shutdown()
+        return result
+
+    result = _run_guarded(ctx, body)
+    ctx.close()
+    if rank == 0:
+        if result.steps_run == 0:
+            print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
+        else:
+            print(
+                f"Trained {result.steps_run} step(s) to checkpoint version {result.version} with "
+                f"{cfg.num_machines} trainers in {result.seconds:.1f}s. "
+                f"Checkpoint: {cfg.checkpoint_path}"
+            )
+    return 0
+
+
+def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
+    """Run partition server ``index`` (world rank ``num_machines + index``) until told to stop."""
+    from bigembed.dist.partition_server import PartitionServer
+
+    layout = RankLayout.of(cfg)
+    rank = layout.partition_server_rank(index)
+    ctx = DistContext(cfg, rank, command="partition-server")
+    try:
+        ctx.open()
+    except BaseException:
+        ctx.close(clean=False)
+        raise
+
+    def body() -> None:
+        server = PartitionServer(rank, ctx.address, ctx.timeout, on_error=ctx.fail)
+        server.start()
+        while not server.stopped.wait(1.0):
+            pass
+        logger.info("partition server %d: stopped (%d partitions held, %.1f MB sent, %.1f MB "
+                    "received)", index, len(server.tables), server.bytes_sent / 1e6,
+                    server.bytes_received / 1e6)
+
+    _run_guarded(ctx, body)
+    ctx.close()
+    return 0
