@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from bigembed import cli
+from bigembed.datasets import fb15k237_demo_config
 from bigembed.config import (
     ConfigSchema,
     EntitySchema,
@@ -109,8 +110,8 @@ def test_examples_load() -> None:
     assert fb.dimension == 400 and fb.dynamic_relations and not fb.global_emb
     assert fb.relations[0].operator == "complex_diagonal" and fb.loss_fn == "softmax"
     assert fb.edge_paths == ["work/fb15k237/train"] and fb.num_uniform_negs == 1000
-    assert fb.regularization_coef == pytest.approx(1e-3) and fb.workers == 2
-    demo = load_config(EXAMPLES / "fb15k237_demo.yaml")
+    assert fb.regularization_coef == pytest.approx(5e-2) and fb.workers == 2
+    demo = load_config(fb15k237_demo_config())
     assert (demo.num_epochs, demo.dimension) == (5, 200)
     social = load_config(EXAMPLES / "social.toml")
     assert set(social.entities) == {"user", "item"}
@@ -165,6 +166,7 @@ PBG_DEFAULTS = {
     "seed": 0,
     "compute_dtype": "float32",
     "distributed_timeout": 60.0,
+    "uniform_negs_group": None,
 }
 
 

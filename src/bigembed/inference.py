@@ -36,7 +36,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> TrainedModel:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # e.g. a truncated metadata file (JSONDecodeError is a ValueError)
-        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from None
 
 
 def relation_names(trained: TrainedModel) -> list[str]:
@@ -51,7 +52,9 @@ def relation_names(trained: TrainedModel) -> list[str]:
     return names
 
 
-def open_entity_store(trained: TrainedModel, entity_path: str | os.PathLike[str] | None = None) -> EntityStore:
+def open_entity_store(
+    trained: TrainedModel, entity_path: str | os.PathLike[str] | None = None
+) -> EntityStore:
     """The entity store of ``trained`` (its config's ``entity_path`` unless overridden).
 
     Checks that every entity type of the model is there with the same partition counts, so
@@ -135,7 +138,8 @@ class EntityTables:
             raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
         count = self.trained.entity_counts.get((etype, part))
         dim = self.dimension(etype)
-        if mapped.ndim != 2 or mapped.shape[1] != dim or (count is not None and mapped.shape[0] != count):
+        bad_count = count is not None and mapped.shape[0] != count
+        if mapped.ndim != 2 or mapped.shape[1] != dim or bad_count:
             raise CheckpointError(
                 f"{path}: shape {tuple(mapped.shape)} does not match the checkpoint's "
                 f"({count}, {dim})"

@@ -167,8 +167,10 @@ class EmbeddingModel:
             given, wanted = (lhs_l, rhs_l) if s == "rhs" else (rhs_l, lhs_l)
             for ridx, rows in self._by_relation(rel_ids):
                 d = direction(self.model, s, ridx)
-                src = self.tables.gather(d.source_type, self._ids(d.source_type, [given[i] for i in rows]))
-                dst = self.tables.gather(d.target_type, self._ids(d.target_type, [wanted[i] for i in rows]))
+                src_ids = self._ids(d.source_type, [given[i] for i in rows])
+                dst_ids = self._ids(d.target_type, [wanted[i] for i in rows])
+                src = self.tables.gather(d.source_type, src_ids)
+                dst = self.tables.gather(d.target_type, dst_ids)
                 anchors = d.anchors(src, torch.from_numpy(rel_ids[rows]))
                 total[rows] += pair_scores(self.model, anchors, d.candidates(dst)).numpy()
         return total / len(sides)
@@ -205,9 +207,7 @@ class EmbeddingModel:
             if known is not None:
                 exclude = known.true_tails(given, rel_ids[rows]) if side == "rhs" else \
                     known.true_heads(given, rel_ids[rows])
-            top = self._search(anchors, d.target_type, k, d.candidates,
-                               lambda a, c: self.model.comparator.neg(a.unsqueeze(0), c.unsqueeze(0))[0],
-                               exclude)
+            top = self._search(anchors, d.target_type, k, d.candidates, self._pairwise, exclude)
             for row, best in zip(rows, top, strict=True):
                 results[row] = self._predictions(d.target_type, best)
         return results[0] if single else results
@@ -280,6 +280,10 @@ class EmbeddingModel:
             top.push(torch.from_numpy(scores), torch.from_numpy(offsets + g0))
         return top.result()
 
+    def _pairwise(self, anchors: Tensor, candidates: Tensor) -> Tensor:
+        """The comparator's (anchors x candidates) score matrix."""
+        return self.model.comparator.neg(anchors.unsqueeze(0), candidates.unsqueeze(0))[0]
+
     def _predictions(self, etype: str, best: list[tuple[int, float]]) -> list[Prediction]:
         names = self._names_of(etype, np.array([i for i, _ in best], dtype=np.int64))
         return [Prediction(n, float(s) + 0.0, etype)  # + 0.0: no -0.0 in output
@@ -290,8 +294,8 @@ class EmbeddingModel:
         if type is None:
             if len(self.entity_types) == 1:
                 return self.entity_types[0]
-            raise InputError(f"the model has several entity types ({', '.join(self.entity_types)}); "
-                             f"pass type=")
+            types = ", ".join(self.entity_types)
+            raise InputError(f"the model has several entity types ({types}); pass type=")
         if type not in self.trained.config.entities:
             raise UnknownNameError(f"unknown entity type {type!r} (known: "
                                    f"{', '.join(self.entity_types)})")
@@ -330,13 +334,15 @@ class EmbeddingModel:
     def _relation_id(self, rel: str | int) -> int:
         if isinstance(rel, (int, np.integer)):
             if not 0 <= int(rel) < len(self._relations):
-                raise UnknownNameError(f"relation id {rel} out of range (0..{len(self._relations) - 1})")
+                raise UnknownNameError(
+                    f"relation id {rel} out of range (0..{len(self._relations) - 1})")
             return int(rel)
         rid = self._relation_ids.get(rel)
         if rid is None:
             sample = ", ".join(repr(r) for r in self._relations[:5])
+            more = ", ..." if len(self._relations) > 5 else ""
             raise UnknownNameError(f"unknown relation {rel!r} (the model has "
-                                   f"{len(self._relations)}: {sample}{', ...' if len(self._relations) > 5 else ''})")
+                                   f"{len(self._relations)}: {sample}{more})")
         return rid
 
     def _by_relation(self, rel_ids: np.ndarray):
@@ -358,7 +364,8 @@ class EmbeddingModel:
 
             loader = EdgeLoader(self.trained, entity_path=self.store.path)
             edges = EvalEdges.concat([loader.load(p).edges for p in paths])
-            self._known[paths] = KnownEdges(edges.lhs, edges.rel, edges.rhs, self.model.num_relations)
+            self._known[paths] = KnownEdges(edges.lhs, edges.rel, edges.rhs,
+                                            self.model.num_relations)
         return self._known[paths]
 
 
@@ -382,7 +389,8 @@ def _broadcast(*values) -> list[list]:
         if len(v) == 1:
             v = v * n
         elif len(v) != n:
-            raise ValueError(f"got sequences of different lengths ({', '.join(str(len(x)) for x in lists)})")
+            lengths = ", ".join(str(len(x)) for x in lists)
+            raise ValueError(f"got sequences of different lengths ({lengths})")
         out.append(v)
     return out
 
@@ -405,7 +413,8 @@ def example_predictions(model: EmbeddingModel, n: int = 5, *, edge_path: str | P
     edges = EdgeLoader(model.trained, entity_path=model.store.path).load(path).edges
     if len(edges) == 0:
         return f"(no edges in {path})"
-    pick = np.sort(np.random.default_rng(seed).choice(len(edges), min(n, len(edges)), replace=False))
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(len(edges), min(n, len(edges)), replace=False))
     sample = EvalEdges(edges.lhs[pick], edges.rel[pick], edges.rhs[pick])
     ranks = rank_edges(model.model, model.tables, model.trained.partition_bases, sample, None).rhs
     assert ranks is not None

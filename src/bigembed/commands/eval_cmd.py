@@ -69,14 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", metavar="FILE.json", help="also write the report as JSON here")
     p.add_argument("--entity-path", help="entity names (default: the config's entity_path)")
     p.add_argument("--chunk-size", type=int, default=1024,
-                   help="queries scored at once (memory: chunk x candidates floats)")
+                   help="queries scored at once (1024); one block of scores holds at most "
+                   "16M floats whatever the graph size")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_edge_file_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.atomic import atomic_write_text
     from bigembed.eval.report import evaluate_checkpoint
 
     cfg = config_from_args(args)
@@ -94,6 +94,6 @@ def run(args: argparse.Namespace) -> int:
     )
     print(report.table())
     if args.output:
-        atomic_write_text(args.output, report.to_json())
+        report.write_json(args.output)
         print(f"Wrote {args.output}")
     return 0

@@ -69,7 +69,7 @@ class DistContext:
         assert cfg.distributed_init_method is not None
         self.address = StoreAddress.parse(cfg.distributed_init_method)
         self.command = command
-        self.on_fatal = on_fatal or (lambda message: exit_now(message, command))
+        self._exit = on_fatal or (lambda message: exit_now(message, command))
         self.raw_store: dist.Store | None = None
         self.store: dist.Store | None = None  # namespaced, for this (main) thread
         self.watchdog: Watchdog | None = None
@@ -78,6 +78,15 @@ class DistContext:
 
     # ------------------------------------------------------------------ start-up
     def open(self) -> DistContext:
+        try:
+            return self._open()
+        except dist.DistError as exc:
+            raise PeerError(
+                f"{self.layout.role(self.rank)}: lost contact with the other ranks while "
+                f"joining ({str(exc).strip().splitlines()[0]})"
+            ) from None
+
+    def _open(self) -> DistContext:
         world = self.layout.world_size
         self.interface = choose_gloo_interface(self.address)
         join_timeout = self.timeout * JOIN_FACTOR
@@ -139,6 +148,8 @@ class DistContext:
             v = store.get(f"config_ok/{r}").decode()
             if v != "ok":
                 bad.append(f"{self.layout.role(r)} differs in {v}")
+        # Everybody has read the verdicts before anybody (rank 0: the store host) leaves.
+        store_barrier(store, "config-read", self.layout.world_size, self.watchdog)
         if bad:
             raise ConfigError(
                 "the ranks were started with different configs (compared with rank 0's): "
@@ -179,20 +190,34 @@ class DistContext:
         self.on_fatal(message)
 
     # ------------------------------------------------------------------ shutdown
+    def on_fatal(self, message: str) -> None:
+        """The end of a failed rank: leave (see :meth:`_leave`), print one line, exit non-zero."""
+        self._leave(wait_s=min(self.timeout, 3.0))
+        self._exit(message)
+
+    def _leave(self, wait_s: float) -> None:
+        """Say this rank is leaving; rank 0, which hosts the store, first waits (``wait_s`` at
+        most) for the others to leave, so they can still read why the run ends."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            if self.rank != 0:
+                store.set(f"exit/{self.rank}", "1")
+                return
+            deadline = time.monotonic() + wait_s
+            others = [f"exit/{r}" for r in range(1, self.layout.world_size)]
+            while others and time.monotonic() < deadline:
+                others = [k for k in others if not store.check([k])]
+                time.sleep(0.05)
+        except Exception as exc:  # leaving anyway
+            logger.debug("leaving: %s", exc)
+
     def close(self, clean: bool = True) -> None:
         """Leave: mark this rank finished; rank 0, the store host, waits for everybody first."""
-        store = self.store
         if self.watchdog is not None:
             self.watchdog.stop(clean=clean)
-        if store is not None and clean:
-            try:
-                store.set(f"exit/{self.rank}", "1")
-                if self.rank == 0:
-                    others = [f"exit/{r}" for r in range(1, self.layout.world_size)]
-                    if others:
-                        store.wait(others, timedelta(seconds=self.timeout))
-            except Exception as exc:  # leaving anyway
-                logger.debug("shutdown: %s", exc)
+        self._leave(wait_s=self.timeout if clean else min(self.timeout, 3.0))
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
+from typing import TypeVar
 
 from bigembed.config import ConfigSchema
 from bigembed.dist.context import DistContext
 from bigembed.dist.layout import RankLayout
 from bigembed.errors import BigembedError, PeerError
+from bigembed.train.loop import TrainResult
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 
-def _run_guarded(ctx: DistContext, body):  # type: ignore[no-untyped-def]
+def _run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
+    """``body()``, or the end of the whole run if it raises (this never returns then)."""
     try:
         return body()
     except PeerError as exc:
@@ -29,6 +35,8 @@ def _run_guarded(ctx: DistContext, body):  # type: ignore[no-untyped-def]
     except RuntimeError as exc:  # gloo and c10d raise RuntimeError subclasses
         logger.debug("communication error:\n%s", traceback.format_exc())
         ctx.fail(f"communication error: {str(exc).strip().splitlines()[0]}")
+    except KeyboardInterrupt:
+        ctx.abort("interrupted")
     except BaseException:
         traceback.print_exc()
         ctx.abort("unexpected error (traceback above)")
@@ -40,6 +48,13 @@ def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) ->
     from bigembed.dist.trainer import DistributedTrainer
 
     RankLayout.of(cfg).check_trainer_rank(rank)
+    parts = max((e.num_partitions for e in cfg.entities.values()), default=1)
+    busy = max(1, parts // 2)
+    if rank == 0 and cfg.num_machines > busy:
+        logger.warning(
+            "num_machines is %d but with %d partitions at most %d trainers can work at once "
+            "(a bucket holds 2 partitions, none may be held twice); the others will wait. "
+            "Advice: num_machines = num_partitions / 2", cfg.num_machines, parts, busy)
     ctx = DistContext(cfg, rank, command="train")
     try:
         ctx.open()
@@ -47,7 +62,7 @@ def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) ->
         ctx.close(clean=False)
         raise
 
-    def body():  # type: ignore[no-untyped-def]
+    def body() -> TrainResult:
         trainer = DistributedTrainer(cfg, ctx, progress=progress and rank == 0)
         result = trainer.train()
         trainer.shutdown()

@@ -63,7 +63,7 @@ class RankLayout:
     def role(self, rank: int) -> str:
         """A human name for a rank, used in every message about a peer."""
         if self.is_trainer(rank):
-            extra = " (lock server, store host)" if rank == 0 else ""
+            extra = ", lock server, store host" if rank == 0 else ""
             return f"rank {rank} (trainer{extra})"
         return f"rank {rank} (partition server {rank - self.num_trainers})"
 

@@ -7,8 +7,8 @@ directory, as on a single machine.
 
 Protocol (control over the store channel ``parts/RANK``, data over gloo point-to-point):
 
-* ``get``: reply ``{found, shape}``; if found the server sends the embeddings (tag ``2n``) and
-  the optimizer state (tag ``2n + 1``), ``n`` being the request number;
+* ``get``: reply ``{found, shape}``; if found the server sends the embeddings and then the
+  optimizer state (tags from :func:`data_tag` and the request number ``n``);
 * ``put``: reply ``{ready}``; the client sends both tensors; the server stores them and writes
   an ``ack``, which the client waits for before it releases the partition's lock, so the next
   reader can never see the old copy.
@@ -39,6 +39,17 @@ logger = logging.getLogger(__name__)
 
 def channel_of(rank: int) -> str:
     return f"parts/{rank}"
+
+
+def data_tag(server: int, n: int, part: int) -> int:
+    """Gloo tag of request ``n``'s tensor ``part`` (0: embeddings, 1: state) on ``server``.
+
+    Unique per server *and* request: a rank may at once receive a partition from server A
+    (request n of A) and, as a server itself, a partition from A's host (request n of its own
+    queue); same (source, tag) pairs would let gloo swap the two messages. 18 bits of request
+    number (it wraps, but never while the same number is in flight), 12 of server rank.
+    """
+    return (((n % (1 << 18)) << 12 | (server % (1 << 12))) << 1) | part
 
 
 class PartitionServer:
@@ -135,25 +146,27 @@ class PartitionServer:
             self.on_error(f"partition server on rank {self.rank}: transfer failed: {exc}")
 
     def _send(self, table: Table, client: int, n: int) -> None:
-        dist.send(table.emb, dst=client, group=self.group, tag=2 * n)
-        dist.send(table.state, dst=client, group=self.group, tag=2 * n + 1)
+        dist.send(table.emb, dst=client, group=self.group, tag=data_tag(self.rank, n, 0))
+        dist.send(table.state, dst=client, group=self.group, tag=data_tag(self.rank, n, 1))
         self.bytes_sent += (table.emb.numel() + table.state.numel()) * 4
 
     def _receive(self, key: PartitionKey, table: Table, client: int, n: int) -> None:
-        dist.recv(table.emb, src=client, group=self.group, tag=2 * n)
-        dist.recv(table.state, src=client, group=self.group, tag=2 * n + 1)
+        dist.recv(table.emb, src=client, group=self.group, tag=data_tag(self.rank, n, 0))
+        dist.recv(table.state, src=client, group=self.group, tag=data_tag(self.rank, n, 1))
         with self._lock:
             self.tables[key] = table
         self.bytes_received += (table.emb.numel() + table.state.numel()) * 4
         self._reply_store().set(f"{channel_of(self.rank)}/ack/{n}", '{"ok": true}')
 
 
+def _shape_message(key: PartitionKey, have: tuple, want: tuple, where: str) -> str:
+    return (f"{where} holds partition {key[1]} of '{key[0]}' with shape {have}, but this "
+            f"trainer expects {want} (do all ranks use the same graph?)")
+
+
 def _check_shape(key: PartitionKey, have: torch.Tensor, want: torch.Tensor, where: str) -> None:
     if tuple(have.shape) != tuple(want.shape):
-        raise PeerError(
-            f"{where} holds partition {key[1]} of '{key[0]}' with shape {tuple(have.shape)}, but "
-            f"this trainer expects {tuple(want.shape)} (do all ranks use the same graph?)"
-        )
+        raise PeerError(_shape_message(key, tuple(have.shape), tuple(want.shape), where))
 
 
 class PartitionClient:
@@ -170,7 +183,7 @@ class PartitionClient:
     ) -> None:
         self.rank = rank
         self.layout = layout
-        self.store = store
+        self.kv = store
         self.timeout = timeout
         self.local = local
         self.group = group
@@ -178,7 +191,7 @@ class PartitionClient:
         self.bytes_received = 0
 
     def _rpc(self, server: int) -> RpcClient:
-        return RpcClient(self.store, channel_of(server), self.timeout, self.layout.role(server))
+        return RpcClient(self.kv, channel_of(server), self.timeout, self.layout.role(server))
 
     def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
         server = self.layout.server_for(key)
@@ -190,10 +203,11 @@ class PartitionClient:
         if not reply["found"]:
             return False
         if tuple(reply["shape"]) != tuple(out_emb.shape):
-            _check_shape(key, torch.empty(reply["shape"]), out_emb, self.layout.role(server))
+            raise PeerError(_shape_message(key, tuple(reply["shape"]), tuple(out_emb.shape),
+                                           self.layout.role(server)))
         try:
-            dist.recv(out_emb, src=server, group=self.group, tag=2 * n)
-            dist.recv(out_state, src=server, group=self.group, tag=2 * n + 1)
+            dist.recv(out_emb, src=server, group=self.group, tag=data_tag(server, n, 0))
+            dist.recv(out_state, src=server, group=self.group, tag=data_tag(server, n, 1))
         except RuntimeError as exc:
             raise PeerError(f"receiving a partition from {self.layout.role(server)} failed: "
                             f"{exc}") from None
@@ -209,8 +223,8 @@ class PartitionClient:
         n = rpc.send({"op": "put", "key": list(key), "client": self.rank, "shape": list(emb.shape)})
         rpc.receive(n)
         try:
-            dist.send(emb.contiguous(), dst=server, group=self.group, tag=2 * n)
-            dist.send(state.contiguous(), dst=server, group=self.group, tag=2 * n + 1)
+            dist.send(emb.contiguous(), dst=server, group=self.group, tag=data_tag(server, n, 0))
+            dist.send(state.contiguous(), dst=server, group=self.group, tag=data_tag(server, n, 1))
         except RuntimeError as exc:
             raise PeerError(f"sending a partition to {self.layout.role(server)} failed: "
                             f"{exc}") from None

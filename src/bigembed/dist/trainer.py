@@ -32,7 +32,7 @@ from bigembed.dist.lock_server import Bucket, BucketScheduler, EventLog, LockSer
 from bigembed.dist.param_server import ParameterServer, ShardPlan, gather
 from bigembed.dist.partition_server import PartitionClient, PartitionServer
 from bigembed.dist.sharer import Sharer
-from bigembed.errors import PeerError
+from bigembed.errors import CheckpointError, PeerError
 from bigembed.graph.edges import chunk_range
 from bigembed.train.loop import Iteration, Trainer, iterations
 from bigembed.train.partitions import PartitionSource, PartitionStore
@@ -132,13 +132,13 @@ class DistributedTrainer(Trainer):
             except OSError:
                 seen = None
             if seen != nonce:
-                raise PeerError(
+                raise CheckpointError(
                     f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
                     "the file rank 0 just wrote there): put it on a disk all machines mount"
                 )
             theirs = int(ctx.store.get("open/version"))
             if theirs != committed:
-                raise PeerError(
+                raise CheckpointError(
                     f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
                 )
         ctx.barrier("opened")
@@ -146,9 +146,10 @@ class DistributedTrainer(Trainer):
             (ck.path / PROBE_FILE).unlink(missing_ok=True)
         self.fresh = committed == 0 and not self.cfg.init_path
         if self.rank == 0:
-            scheduler = BucketScheduler(
-                self._side_keys, self._plan_for, EventLog(ck.path / EVENT_LOG)
-            )
+            log = EventLog(ck.path / EVENT_LOG)
+            log.write("run_start", committed=committed, trainers=self.layout.num_trainers,
+                      partition_servers=self.cfg.num_partition_servers)
+            scheduler = BucketScheduler(self._side_keys, self._plan_for, log)
             self.lock_server = LockServer(
                 ctx.address.namespaced(ctx.address.client(ctx.timeout)), scheduler, ctx.fail
             )
@@ -267,8 +268,10 @@ class DistributedTrainer(Trainer):
                       json.dumps({"records": records, "summary": summary}))
         ctx.barrier(f"v{version}/written")
         if self.rank == 0:
-            parts = [json.loads(ctx.store.get(f"stats/{version}/{r}"))
-                     for r in self.layout.trainers]
+            parts = []
+            for r in self.layout.trainers:
+                parts.append(json.loads(ctx.store.get(f"stats/{version}/{r}")))
+                ctx.store.delete_key(f"stats/{version}/{r}")
             all_records = [
                 {**rec, "trainer": r} for r, p in enumerate(parts) for rec in p["records"]
             ]

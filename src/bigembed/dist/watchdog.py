@@ -45,7 +45,6 @@ def exit_now(message: str, command: str = "train") -> None:
     ``os._exit``, not an exception: other threads may sit in gloo calls that only time out
     later, and a normal interpreter exit would wait for them.
     """
-    logger.error("%s", message)
     print(f"bigembed {command}: error: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(EXIT_CODE)

@@ -157,7 +157,8 @@ class EdgeLoader:
         rel_values = pa.array(self.relation_names, pa.string())
         try:
             for batch in source.batches():
-                parts.append(self._map_batch(source, batch.columns, batch.first_row, rel_values, loaded))
+                parts.append(self._map_batch(source, batch.columns, batch.first_row, rel_values,
+                                             loaded))
         except BadColumnCount:
             found = first_wrong_width(source)
             if found is None:

@@ -41,7 +41,9 @@ class _Index:
 class KnownEdges:
     """All true edges of the given sets, in global entity ids (per entity type)."""
 
-    def __init__(self, lhs: np.ndarray, rel: np.ndarray, rhs: np.ndarray, num_relations: int) -> None:
+    def __init__(
+        self, lhs: np.ndarray, rel: np.ndarray, rhs: np.ndarray, num_relations: int
+    ) -> None:
         lhs, rel, rhs = (np.asarray(a, dtype=np.int64) for a in (lhs, rel, rhs))
         self.num_relations = max(int(num_relations), int(rel.max()) + 1 if len(rel) else 1)
         self._tails = _Index(lhs * self.num_relations + rel, rhs)

@@ -122,7 +122,8 @@ class _Rows:
         out: Tensor | None = None
         for part in np.unique(parts):
             sel = np.flatnonzero(parts == part)
-            rows = self.source(etype, int(part)).index_select(0, torch.from_numpy(ids[sel] - bases[part]))
+            offsets = torch.from_numpy(ids[sel] - bases[part])
+            rows = self.source(etype, int(part)).index_select(0, offsets)
             if out is None:
                 out = rows.new_empty((len(ids), rows.shape[1]))
             out[torch.from_numpy(sel)] = rows

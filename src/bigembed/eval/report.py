@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from bigembed.atomic import atomic_write_text
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
@@ -81,6 +82,10 @@ class EvalReport:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent) + "\n"
 
+    def write_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path`` atomically (never a half-written report)."""
+        atomic_write_text(path, self.to_json())
+
     @property
     def headline(self) -> dict[str, float] | None:
         """Filtered metrics when there are any, else raw."""
@@ -124,7 +129,9 @@ class EvalReport:
                          f"{'Hits@1':>8}{'Hits@10':>8}{'AUC':>7}")
             for row in self.per_relation:
                 m, raw = row[kind], row["raw"]
-                rname = row["relation"] if len(row["relation"]) <= 43 else "…" + row["relation"][-42:]
+                rname = row["relation"]
+                if len(rname) > 43:
+                    rname = "…" + rname[-42:]
                 lines.append(f"{rname:<44}{m['count']:>8}{m['mrr']:>8.4f}{raw['mrr']:>9.4f}"
                              f"{m['mr']:>10.1f}{m['hits@1']:>8.4f}{m['hits@10']:>8.4f}"
                              f"{m['auc']:>7.3f}")
@@ -169,7 +176,8 @@ def evaluate_checkpoint(
         print(report.headline["mrr"])
     """
     if protocol not in PROTOCOLS:
-        raise InputError(f"unknown evaluation protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+        known_protocols = ", ".join(PROTOCOLS)
+        raise InputError(f"unknown evaluation protocol {protocol!r} (known: {known_protocols})")
     started = time.perf_counter()
     if isinstance(cfg_or_dir, ConfigSchema):
         cfg = cfg_or_dir
@@ -191,8 +199,8 @@ def evaluate_checkpoint(
     known = None
     filter_names: list[str] = []
     if filtered and protocol == "full":
-        known, filter_names = _known_edges(loader, trained, sources,
-                                           filter_paths if filter_paths is not None else cfg.edge_paths)
+        chosen = filter_paths if filter_paths is not None else cfg.edge_paths
+        known, filter_names = _known_edges(loader, trained, sources, chosen)
     elif filtered:
         notes.append("the sampled protocol reports raw ranks only (as PBG does)")
 
@@ -204,7 +212,7 @@ def evaluate_checkpoint(
             ranking = rank_edges(trained.model, tables, trained.partition_bases, edges, known,
                                  chunk_size=chunk_size, progress=bar.update)
             loss = None
-            types = {r.lhs for r in trained.config.relations} | {r.rhs for r in trained.config.relations}
+            types = {t for r in trained.config.relations for t in (r.lhs, r.rhs)}
             candidates = "all entities of the corrupted side's type, across all partitions (" + \
                 ", ".join(f"{t}: {tables.total(t):,}" for t in sorted(types)) + ")"
         else:
@@ -216,7 +224,8 @@ def evaluate_checkpoint(
                                    progress=bar.update)
             ranking = result.ranking
             loss = result.loss_sum / max(len(edges), 1)
-            candidates = (f"sampled from the edge's partitions: num_batch_negs={negs.num_batch_negs}, "
+            candidates = (f"sampled from the edge's partitions: "
+                          f"num_batch_negs={negs.num_batch_negs}, "
                           f"num_uniform_negs={negs.num_uniform_negs} (all_negs per relation); "
                           f"{result.num_negatives:,.1f} negatives per positive on average")
     finally:

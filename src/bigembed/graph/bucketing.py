@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from bigembed.graph.dictionary import NUM_SHARDS
 from bigembed.graph.format import bucket_dir
@@ -94,7 +95,7 @@ class RunProcessor:
     seed: int
     dropped: int = 0
 
-    def process_all(self, runs: RunFiles, index: int, progress) -> None:
+    def process_all(self, runs: RunFiles, index: int, progress: tqdm) -> None:
         """Process every run in order; the next run is computed while this one is written."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bigembed-bucket") as pool:
             ahead: deque[tuple[int, Future]] = deque()
@@ -110,12 +111,12 @@ class RunProcessor:
             while ahead:
                 self._finish(runs, *ahead.popleft(), progress)
 
-    def _finish(self, runs: RunFiles, run: int, future: Future, progress) -> None:
+    def _finish(self, runs: RunFiles, run: int, future: Future, progress: tqdm) -> None:
         self._write(future.result())
         progress.update(int(runs.sizes[run]))
         runs.remove(run)
 
-    def _process(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
+    def _process(self, runs: RunFiles, run: int, path: tuple[int, ...], progress: tqdm) -> None:
         size = int(runs.sizes[run])
         if size > SPLIT_SLACK * self.run_edges:
             self._split(runs, run, path, progress)
@@ -168,7 +169,7 @@ class RunProcessor:
             s, e = bounds[b], bounds[b + 1]
             self.writer.append(b, {c: v[s:e] for c, v in out.items()})
 
-    def _split(self, runs: RunFiles, run: int, path: tuple[int, ...], progress) -> None:
+    def _split(self, runs: RunFiles, run: int, path: tuple[int, ...], progress: tqdm) -> None:
         """Scatter an oversized run into random sub-runs of about ``run_edges`` each."""
         size = int(runs.sizes[run])
         parts = math.ceil(size / self.run_edges)

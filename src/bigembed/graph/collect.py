@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tqdm import tqdm
 
 from bigembed.errors import InputError
 from bigembed.graph.dictionary import Prepared, ShardedDictionary
@@ -105,7 +106,7 @@ class Collector:
 
     # ---- one input file
     def collect(
-        self, source: InputFile, index: int, spill_dir: Path, progress
+        self, source: InputFile, index: int, spill_dir: Path, progress: tqdm
     ) -> tuple[RunFiles, FileStats]:
         stats = FileStats()
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 1, index]))
@@ -150,7 +151,7 @@ class Collector:
         return runs, stats
 
     def _prepared(
-        self, source: InputFile, stats: FileStats, progress
+        self, source: InputFile, stats: FileStats, progress: tqdm
     ) -> Iterator[tuple[_Pending | None, int, int, int]]:
         """Read and prepare batches in a background thread, one or two batches ahead.
 
@@ -304,12 +305,14 @@ class Collector:
             for (i, p), (shards, codes) in zip(members, results, strict=True):
                 base = sum(len(q.rel) for q in pending[:i])
                 _prepared, n_lhs, lhs_rows, rhs_rows = p.groups[t]
-                if lhs_rows is not None:
-                    out["ls"][base + lhs_rows] = shards[:n_lhs]
-                    out["li"][base + lhs_rows] = codes[:n_lhs]
-                if rhs_rows is not None:
-                    out["rs"][base + rhs_rows] = shards[n_lhs:]
-                    out["ri"][base + rhs_rows] = codes[n_lhs:]
+                n = len(p.rel)
+                for side, rows, lo, hi in (("l", lhs_rows, 0, n_lhs), ("r", rhs_rows, n_lhs, None)):
+                    if rows is None:
+                        continue
+                    # all rows of the batch (single-type side): a slice, not a scatter
+                    where = slice(base, base + n) if len(rows) == n else base + rows
+                    out[side + "s"][where] = shards[lo:hi]
+                    out[side + "i"][where] = codes[lo:hi]
         return out
 
 

@@ -89,7 +89,9 @@ class CheckpointStore:
         removed = 0
         for p in self.path.iterdir():
             m = _VERSIONED.match(p.name)
-            if (m and int(m.group("version")) > committed) or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            if (m and int(m.group("version")) > committed) or (
+                p.name.startswith(".") and p.name.endswith(".tmp")
+            ):
                 p.unlink()
                 removed += 1
         return removed
@@ -123,7 +125,11 @@ class CheckpointStore:
         try:
             emb = np.load(epath, mmap_mode="c", allow_pickle=False)
             state_path = self.optimizer_path(etype, part, version)
-            state = np.load(state_path, mmap_mode="c", allow_pickle=False) if state_path.exists() else None
+            state = (
+                np.load(state_path, mmap_mode="c", allow_pickle=False)
+                if state_path.exists()
+                else None
+            )
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{epath}: cannot read partition: {exc}") from None
         if tuple(emb.shape) != tuple(out_emb.shape):
@@ -171,7 +177,12 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: cannot read model parameters: {exc}") from None
 
     def save_metadata(self, version: int, metadata: dict[str, Any]) -> None:
-        data = {"format_version": FORMAT_VERSION, "version": version, "time": time.time(), **metadata}
+        data = {
+            "format_version": FORMAT_VERSION,
+            "version": version,
+            "time": time.time(),
+            **metadata,
+        }
         atomic_write_text(self.metadata_path(version), json.dumps(data, indent=1, sort_keys=True))
 
     def load_metadata(self, version: int | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ a :class:`~bigembed.train.partitions.PartitionStore`, the
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -21,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from bigembed import __version__
+from bigembed.atomic import atomic_write_text
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.eval.metrics import RankingSums
@@ -56,7 +58,9 @@ class Iteration:
     chunk: int
 
 
-def iterations(num_epochs: int, num_paths: int, num_chunks: int, start: int = 0) -> Iterator[Iteration]:
+def iterations(
+    num_epochs: int, num_paths: int, num_chunks: int, start: int = 0
+) -> Iterator[Iteration]:
     total = num_epochs * num_paths * num_chunks
     for index in range(start, total):
         epoch, rest = divmod(index, num_paths * num_chunks)
@@ -117,7 +121,9 @@ class Trainer:
         self.checkpoint = CheckpointStore(cfg.checkpoint_path)
         self.bucket_source = bucket_source or LocalBucketSource(cfg.bucket_order, cfg.seed)
         self.num_chunks = self._num_chunks()
-        self.num_relations = self.entities.num_relations if cfg.dynamic_relations else len(cfg.relations)
+        self.num_relations = (
+            self.entities.num_relations if cfg.dynamic_relations else len(cfg.relations)
+        )
         self.model = ScoringModel(cfg, self.num_relations if cfg.dynamic_relations else 0)
         self.model_states = [torch.zeros_like(p) for p in self.model.parameters()]
 
@@ -128,7 +134,8 @@ class Trainer:
             if etype not in self.entities.entity_types:
                 raise ConfigError(
                     f"entity type '{etype}' is not in the imported graph at {cfg.entity_path} "
-                    f"(it has: {', '.join(sorted(self.entities.entity_types))}); re-run bigembed import"
+                    f"(it has: {', '.join(sorted(self.entities.entity_types))}); "
+                    "re-run bigembed import"
                 )
             want = cfg.entities[etype].num_partitions
             have = self.entities.num_partitions(etype)
@@ -239,9 +246,16 @@ class Trainer:
         pinned: list[PartitionKey],
     ) -> PartitionStore:
         return PartitionStore(
-            counts, dims, self.checkpoint, committed=committed, working=committed + 1,
-            init_source=init_source, init_scale=self.cfg.init_scale, seed=self.cfg.seed,
-            shared=shared, pinned=pinned,
+            counts,
+            dims,
+            self.checkpoint,
+            committed=committed,
+            working=committed + 1,
+            init_source=init_source,
+            init_scale=self.cfg.init_scale,
+            seed=self.cfg.seed,
+            shared=shared,
+            pinned=pinned,
         )
 
     def _save_step(self, it: Iteration, store: PartitionStore) -> None:
@@ -259,8 +273,8 @@ class Trainer:
         ck = self.checkpoint
         version = it.index + 1
         ck.append_stats([*records, summary], committed=it.index)
-        config_text = __import__("json").dumps(config_to_dict(cfg), indent=1)
-        (ck.path / "config.json").write_text(config_text)
+        config_text = json.dumps(config_to_dict(cfg), indent=1)
+        atomic_write_text(ck.path / "config.json", config_text)
         preserve = cfg.checkpoint_preservation_interval
         last_of_epoch = (
             it.edge_path_idx == len(cfg.edge_paths) - 1 and it.chunk == self.num_chunks - 1
@@ -300,7 +314,9 @@ class Trainer:
             for p in range(self.entities.num_partitions(t))
         }
         dims = {t: cfg.entity_dimension(t) for t in cfg.entities}
-        pinned = [(t, 0) for t in cfg.entities if cfg.entities[t].num_partitions == 1 and (t, 0) in counts]
+        pinned = [
+            (t, 0) for t in cfg.entities if cfg.entities[t].num_partitions == 1 and (t, 0) in counts
+        ]
         store = self._make_partition_store(
             counts, dims, committed, init_source, workers > 1, pinned
         )
@@ -310,8 +326,13 @@ class Trainer:
             for s in self.model_states:
                 s.share_memory_()
         setup = WorkerSetup(
-            self.model, self.model_states, negative_settings(cfg), cfg.lr, cfg.resolved_relation_lr(),
-            cfg.batch_size, cfg.dynamic_relations,
+            self.model,
+            self.model_states,
+            negative_settings(cfg),
+            cfg.lr,
+            cfg.resolved_relation_lr(),
+            cfg.batch_size,
+            cfg.dynamic_relations,
         )
         pool = HogwildPool(setup, workers)
         started = time.perf_counter()
@@ -345,8 +366,15 @@ class Trainer:
             desc += f" set {it.edge_path_idx + 1}/{len(cfg.edge_paths)}"
         if self.num_chunks > 1:
             desc += f" chunk {it.chunk + 1}/{self.num_chunks}"
-        bar = tqdm(total=step_edges, desc=desc, unit="edge", unit_scale=True, disable=not self.show_progress,
-                   leave=True, dynamic_ncols=True)
+        bar = tqdm(
+            total=step_edges,
+            desc=desc,
+            unit="edge",
+            unit_scale=True,
+            disable=not self.show_progress,
+            leave=True,
+            dynamic_ncols=True,
+        )
         records: list[dict[str, Any]] = []
         step_stats = StepStats()
         eval_before, eval_after = RankingSums(), RankingSums()
@@ -359,8 +387,11 @@ class Trainer:
             done -= base_edges
             bar.n = min(done, step_edges)
             elapsed = time.perf_counter() - t0
-            bar.set_postfix(loss=f"{(loss - base_loss) / max(done, 1):.4f}",
-                            eps=f"{done / max(elapsed, 1e-9):,.0f}/s", refresh=False)
+            bar.set_postfix(
+                loss=f"{(loss - base_loss) / max(done, 1):.4f}",
+                eps=f"{done / max(elapsed, 1e-9):,.0f}/s",
+                refresh=False,
+            )
             bar.refresh()
 
         for bucket in self.bucket_source.buckets(it, nl, nr):
@@ -375,18 +406,28 @@ class Trainer:
             lhs = torch.from_numpy(chunk.lhs.astype("int64", copy=False))
             rhs = torch.from_numpy(chunk.rhs.astype("int64", copy=False))
             rel = torch.from_numpy(chunk.rel.astype("int64", copy=False))
-            weight = None if chunk.weight is None else torch.from_numpy(chunk.weight.astype("float32", copy=False))
+            weight = (
+                None
+                if chunk.weight is None
+                else torch.from_numpy(chunk.weight.astype("float32", copy=False))
+            )
             eval_idx, train_idx = split_eval(
                 lhs.shape[0], cfg.eval_fraction, _mix(cfg.seed, 2, it.edge_path_idx, it.chunk, i, j)
             )
             shuffle = torch.randperm(
-                train_idx.shape[0], generator=torch.Generator().manual_seed(_mix(cfg.seed, 3, it.index, i, j))
+                train_idx.shape[0],
+                generator=torch.Generator().manual_seed(_mix(cfg.seed, 3, it.index, i, j)),
             )
             train_idx = train_idx[shuffle]
             record: dict[str, Any] = {
-                "type": "bucket", "version": version, "epoch_idx": it.epoch,
-                "edge_path_idx": it.edge_path_idx, "edge_chunk_idx": it.chunk,
-                "lhs_partition": i, "rhs_partition": j, "index": bucket_index,
+                "type": "bucket",
+                "version": version,
+                "epoch_idx": it.epoch,
+                "edge_path_idx": it.edge_path_idx,
+                "edge_chunk_idx": it.chunk,
+                "lhs_partition": i,
+                "rhs_partition": j,
+                "index": bucket_index,
             }
             eval_args = None
             if eval_idx.numel() > 0:
@@ -396,9 +437,17 @@ class Trainer:
                 eval_before.merge(before)
                 record["eval_stats_before"] = before.summary()
             tw = None if weight is None else weight[train_idx]
-            stats = pool.run(tables, sides, lhs[train_idx], rhs[train_idx], rel[train_idx], tw,
-                             _mix(cfg.seed, 5, it.index, i, j) % (1 << 40), on_wait=tick,
-                             stagger=cfg.hogwild_delay if it.index == 0 and bucket_index == 0 else 0.0)
+            stats = pool.run(
+                tables,
+                sides,
+                lhs[train_idx],
+                rhs[train_idx],
+                rel[train_idx],
+                tw,
+                _mix(cfg.seed, 5, it.index, i, j) % (1 << 40),
+                on_wait=tick,
+                stagger=cfg.hogwild_delay if it.index == 0 and bucket_index == 0 else 0.0,
+            )
             if eval_args is not None:
                 after = self._evaluate(tables, sides, eval_args, _mix(cfg.seed, 4, it.index, i, j))
                 eval_after.merge(after)
@@ -416,22 +465,31 @@ class Trainer:
         self._save_step(it, store)
         seconds = time.perf_counter() - t0
         summary: dict[str, Any] = {
-            "type": "step", "version": version, "epoch_idx": it.epoch,
-            "edge_path_idx": it.edge_path_idx, "edge_chunk_idx": it.chunk,
-            "stats": _per_edge(step_stats), "seconds": seconds,
+            "type": "step",
+            "version": version,
+            "epoch_idx": it.epoch,
+            "edge_path_idx": it.edge_path_idx,
+            "edge_chunk_idx": it.chunk,
+            "stats": _per_edge(step_stats),
+            "seconds": seconds,
             "edges_per_sec": step_stats.count / seconds if seconds > 0 else 0.0,
-            "io_bytes_read": store.bytes_read, "io_bytes_written": store.bytes_written,
+            "io_bytes_read": store.bytes_read,
+            "io_bytes_written": store.bytes_written,
         }
         if eval_before.count:
             summary["eval_stats_before"] = eval_before.summary()
             summary["eval_stats_after"] = eval_after.summary()
         self._commit_step(it, records, summary)
         if self.show_progress:
-            line = (f"{desc}: loss {summary['stats']['loss']:.4f}  reg {summary['stats']['reg']:.4f}  "
-                    f"{summary['edges_per_sec']:,.0f} edges/s  {seconds:.1f}s")
+            line = (
+                f"{desc}: loss {summary['stats']['loss']:.4f}  reg {summary['stats']['reg']:.4f}  "
+                f"{summary['edges_per_sec']:,.0f} edges/s  {seconds:.1f}s"
+            )
             if eval_before.count:
-                line += (f"  eval mrr {summary['eval_stats_before']['mrr']:.3f} -> "
-                         f"{summary['eval_stats_after']['mrr']:.3f}")
+                line += (
+                    f"  eval mrr {summary['eval_stats_before']['mrr']:.3f} -> "
+                    f"{summary['eval_stats_after']['mrr']:.3f}"
+                )
             tqdm.write(line)
         return summary
 

@@ -36,7 +36,9 @@ def _seed_for(seed: int, etype: str, part: int) -> int:
     return h
 
 
-def init_embeddings(count: int, dim: int, init_scale: float, seed: int, etype: str, part: int) -> torch.Tensor:
+def init_embeddings(
+    count: int, dim: int, init_scale: float, seed: int, etype: str, part: int
+) -> torch.Tensor:
     """N(0, 1) * init_scale, reproducible from (seed, type, partition)."""
     gen = torch.Generator().manual_seed(_seed_for(seed, etype, part))
     return torch.randn((count, dim), generator=gen).mul_(init_scale)
@@ -137,10 +139,16 @@ class PartitionStore:
         elif self.init_source is not None and self.init_source.store.has_partition(
             etype, part, self.init_source.version
         ):
-            self.init_source.store.load_partition(etype, part, self.init_source.version, table.emb, table.state)
+            self.init_source.store.load_partition(
+                etype, part, self.init_source.version, table.emb, table.state
+            )
             table.state.zero_()
         else:
-            table.emb.copy_(init_embeddings(self.counts[key], self.dims[etype], self.init_scale, self.seed, etype, part))
+            table.emb.copy_(
+                init_embeddings(
+                    self.counts[key], self.dims[etype], self.init_scale, self.seed, etype, part
+                )
+            )
             table.state.zero_()
             return table
         self.bytes_read += self.table_bytes(key)
@@ -188,7 +196,9 @@ class PartitionStore:
         for key in sorted(self.counts):
             etype, part = key
             if not self.checkpoint.has_partition(etype, part, self.working):
-                if self.committed > 0 and self.checkpoint.has_partition(etype, part, self.committed):
+                if self.committed > 0 and self.checkpoint.has_partition(
+                    etype, part, self.committed
+                ):
                     self.checkpoint.link_partition(etype, part, self.committed, self.working)
                 else:
                     # Never touched yet (e.g. its edges come in a later edge set): materialise it.
@@ -201,4 +211,3 @@ class PartitionStore:
 
     def release_all(self) -> None:
         self.loaded.clear()
-

@@ -1,0 +1,57 @@
+"""``bigembed launch`` (all ranks on one machine) and ``bigembed partition-server``.
+
+The trainers themselves are ``bigembed train CONFIG --rank R`` (see train_cmd); docs in
+docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bigembed.config import add_config_arguments, config_from_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="run every rank of a distributed training on this machine",
+        description="Start N trainer ranks (and the partition servers, if num_partition_servers "
+        "> 0) of a distributed run on this machine, with rank-prefixed output. Without a "
+        "distributed_init_method in the config a free local port is used. If a rank fails, the "
+        "others are stopped and the exit status is non-zero.",
+    )
+    add_config_arguments(p)
+    p.add_argument("-n", "--nproc", type=int, default=None,
+                   help="number of trainer ranks (default: num_machines of the config)")
+    p.add_argument("--progress", action="store_true", help="progress bars of rank 0")
+    p.set_defaults(func=run_launch)
+
+    s = subparsers.add_parser(
+        "partition-server",
+        help="serve partitions to the trainers of a distributed run",
+        description="Run partition server RANK (0 <= RANK < num_partition_servers) of a "
+        "distributed run; only needed when num_partition_servers > 0. It stops by itself at "
+        "the end of training, and when any rank of the run dies.",
+    )
+    add_config_arguments(s)
+    s.add_argument("--rank", type=int, required=True, help="index of this partition server")
+    s.set_defaults(func=run_partition_server)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from bigembed.dist.launcher import launch
+
+    return launch(args.config, args.param or [], args.nproc, progress=args.progress)
+
+
+def run_partition_server(args: argparse.Namespace) -> int:
+    from bigembed.dist.launch import serve_partitions
+    from bigembed.errors import ConfigError
+
+    cfg = config_from_args(args)
+    if cfg.num_partition_servers <= 0:
+        raise ConfigError(
+            f"num_partition_servers is {cfg.num_partition_servers}: this run has no external "
+            "partition servers (set it to N > 0 to use them)"
+        )
+    return serve_partitions(cfg, index=args.rank)

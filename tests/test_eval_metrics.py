@@ -1,0 +1,59 @@
+"""Metric values on hand-built rankings (ties count against the positive, as PBG)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bigembed.eval.filters import KnownEdges
+from bigembed.eval.metrics import ranks_from_scores, summarize, summarize_groups
+from bigembed.eval.ranking import SideRanks
+
+
+def test_summary_of_known_ranks() -> None:
+    m = summarize(np.array([1, 2, 4, 10, 60]), np.array([1.0, 0.5, 0.5, 0.0, 0.0]))
+    assert m["count"] == 5
+    assert m["mr"] == pytest.approx((1 + 2 + 4 + 10 + 60) / 5)
+    assert m["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 4 + 1 / 10 + 1 / 60) / 5)
+    assert m["hits@1"] == pytest.approx(1 / 5)
+    assert m["hits@3"] == pytest.approx(2 / 5)
+    assert m["hits@10"] == pytest.approx(4 / 5)
+    assert m["hits@50"] == pytest.approx(4 / 5)
+    assert m["auc"] == pytest.approx(0.4)
+
+
+def test_grouped_summaries_match_separate_ones() -> None:
+    ranks = np.array([1, 3, 7, 2, 2, 50])
+    auc = np.linspace(0, 1, 6)
+    groups = np.array([0, 1, 0, 1, 1, 2])
+    rows = summarize_groups(ranks, auc, groups, 4)
+    for g in range(3):
+        sel = groups == g
+        assert rows[g] == pytest.approx(summarize(ranks[sel], auc[sel]))
+    assert rows[3]["count"] == 0
+
+
+def test_ties_count_against_the_positive() -> None:
+    pos = torch.tensor([1.0, 1.0, 1.0])
+    neg = torch.tensor([[0.0, 0.5, 0.9], [1.0, 0.0, 0.0], [1.0, 1.0, 2.0]])
+    assert ranks_from_scores(pos, neg).tolist() == [1, 2, 4]
+
+
+def test_auc_is_fraction_of_other_candidates_strictly_below() -> None:
+    # 6 candidates (the true one included); rank 3 -> 2 others >= it, 3 strictly below
+    side = SideRanks(raw=np.array([3, 1, 6]), candidates=np.array([6, 6, 6]))
+    assert side.auc(False).tolist() == pytest.approx([3 / 5, 1.0, 0.0])
+    # filtering 2 known others out of the 5: rank 3 -> 1 (both were above it)
+    side.filtered, side.removed = np.array([1, 1, 6]), np.array([2, 0, 0])
+    assert side.auc(True).tolist() == pytest.approx([1.0, 1.0, 0.0])
+
+
+def test_known_edges_are_deduplicated_and_indexed_both_ways() -> None:
+    known = KnownEdges(np.array([0, 0, 0, 1, 0]), np.array([0, 0, 1, 0, 0]),
+                       np.array([5, 6, 5, 5, 5]), num_relations=2)
+    assert known.num_edges == 4  # (0, 0, 5) appears twice
+    rows, tails = known.true_tails(np.array([0, 1, 2]), np.array([0, 0, 0]))
+    assert rows.tolist() == [0, 0, 1] and tails.tolist() == [5, 6, 5]
+    rows, heads = known.true_heads(np.array([5]), np.array([0]))
+    assert rows.tolist() == [0, 0] and heads.tolist() == [0, 1]

@@ -1,0 +1,135 @@
+"""The Python query API (``bigembed.load``) and ``bigembed predict`` / ``bigembed similar``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bigembed
+from bigembed.cli import main as cli_main
+from bigembed.errors import InputError
+from bigembed.query import UnknownNameError, example_predictions
+from evalkit import make_config, trained_graph, write_checkpoint, write_graph
+
+
+@pytest.fixture(scope="module")
+def ring(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("query")
+    cfg, edges = trained_graph(root)
+    return cfg, edges, bigembed.load(cfg.checkpoint_path)
+
+
+def test_predicts_memorised_edges_on_both_sides(ring) -> None:
+    _, edges, model = ring
+    for h, r, t in edges:
+        assert model.predict(h, r, k=1)[0].name == t
+        assert model.predict(t, r, k=1, side="lhs")[0].name == h
+    batch = model.predict([e[0] for e in edges], [e[1] for e in edges], k=2)
+    assert [b[0].name for b in batch] == [e[2] for e in edges]
+
+
+def test_filtered_predictions_leave_out_known_edges(ring) -> None:
+    cfg, edges, model = ring
+    h, r, _ = edges[0]
+    known = {tail for hh, rr, tail in edges if (hh, rr) == (h, r)}
+    preds = model.predict(h, r, k=5, filtered=True)
+    assert len(preds) == 5 and not known & {p.name for p in preds}
+    raw = model.predict(h, r, k=6)
+    assert [p.name for p in raw if p.name not in known][:5] == [p.name for p in preds]
+    explicit = model.predict(h, r, k=5, filtered=[cfg.edge_paths[0]])
+    assert explicit == preds
+
+
+def test_scores_match_predictions_and_directions(ring) -> None:
+    _, edges, model = ring
+    h, r, t = edges[3]
+    top = model.predict(h, r, k=3)
+    got = model.score(h, r, [p.name for p in top], side="rhs")
+    np.testing.assert_allclose(got, [p.score for p in top], rtol=1e-5)
+    heads = model.predict(t, r, k=2, side="lhs")
+    np.testing.assert_allclose(model.score([p.name for p in heads], r, t, side="lhs"),
+                               [p.score for p in heads], rtol=1e-5)
+    both = model.score(h, r, t)
+    assert both == pytest.approx((model.score(h, r, t, side="lhs")
+                                  + model.score(h, r, t, side="rhs")) / 2)
+
+
+def test_similar_returns_itself_first(ring) -> None:
+    _, _, model = ring
+    for metric in ("cos", "l2"):
+        res = model.similar("n3", k=4, metric=metric)
+        assert res[0].name == "n3" and len(res) == 4
+        assert [p.score for p in res] == sorted((p.score for p in res), reverse=True)
+    assert model.similar("n3", k=1)[0].score == pytest.approx(1.0, abs=1e-5)
+    assert model.similar("n3", k=1, metric="l2")[0].score == 0.0
+    # FAISS only when installed and asked: without it, the same exact answer
+    assert model.similar("n3", k=3, use_faiss=True) == model.similar("n3", k=3)
+
+
+def test_names_vectors_and_errors(ring) -> None:
+    _, _, model = ring
+    assert model.entity_names() == [f"n{i}" for i in range(12)]
+    assert model.relation_names == ["far", "next"]
+    assert model.vector("n1").shape == (16,)
+    np.testing.assert_array_equal(model.vectors(["n1", "n2"])[1], model.vector("n2"))
+    with pytest.raises(KeyError, match="unknown entity 'nobody'"):
+        model.predict("nobody", "next")
+    with pytest.raises(UnknownNameError, match="unknown relation 'nope'"):
+        model.score("n1", "nope", "n2")
+    with pytest.raises(InputError):
+        model.entity_names("no_such_type")
+
+
+def test_example_predictions_show_names_and_ranks(ring) -> None:
+    cfg, _, model = ring
+    text = example_predictions(model, n=3, edge_path=Path(cfg.edge_paths[0]).parent / "test")
+    assert text.count("-->") == 3 and "rank 1 of 12" in text and " *" in text
+
+
+def test_search_spans_partitions(tmp_path: Path) -> None:
+    """The same embeddings in 1 or 3 partitions give the same predictions and neighbours."""
+    rng = np.random.default_rng(0)
+    names = [f"e{i}" for i in range(10)]
+    emb = rng.normal(size=(10, 4)).astype(np.float32)
+    results = []
+    for parts in (1, 3):
+        root = tmp_path / str(parts)
+        members = [list(range(p, 10, parts)) for p in range(parts)]
+        write_graph(root, {"node": [[names[i] for i in m] for m in members]}, ["all"],
+                    {"train": [("e0", "all", "e1")]}, dynamic=False)
+        cfg = make_config(root, dimension=4, entities={"node": {"num_partitions": parts}},
+                          relations=[{"name": "all", "lhs": "node", "rhs": "node",
+                                      "operator": "diagonal"}])
+        write_checkpoint(cfg, {("node", p): emb[m] for p, m in enumerate(members)}, ["all"],
+                         params={"rhs_operators.0.diagonal": torch.tensor([1.0, -1, 2, 0.5])})
+        model = bigembed.load(cfg.checkpoint_path)
+        results.append((model.predict("e4", "all", k=10), model.similar("e2", k=10),
+                        model.predict("e4", "all", k=10, filtered=True)))
+    for a, b in zip(*results, strict=True):
+        assert [p.name for p in a] == [p.name for p in b]
+        np.testing.assert_allclose([p.score for p in a], [p.score for p in b], rtol=1e-6)
+
+
+def test_cli_predict_and_similar(ring, capsys) -> None:
+    cfg, edges, _ = ring
+    h, r, t = edges[0]
+    assert cli_main(["predict", cfg.checkpoint_path, "--lhs", h, "--rel", r, "-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split()[:2] == ["1", t]
+    assert cli_main(["predict", cfg.checkpoint_path, "--rhs", t, "--rel", r, "--json"]) == 0
+    assert f'"name": "{h}"' in capsys.readouterr().out
+    assert cli_main(["similar", cfg.checkpoint_path, "n5", "-k", "3"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["1", "n5"]
+    assert cli_main(["predict", cfg.checkpoint_path, "--lhs", "zz", "--rel", r]) == 2
+    assert "unknown entity 'zz'" in capsys.readouterr().err
+
+
+def test_import_bigembed_stays_cheap() -> None:
+    code = "import sys, bigembed; print('torch' in sys.modules); print(callable(bigembed.load))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
