@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from bigembed import cli
-from bigembed.datasets import fb15k237_demo_config
 from bigembed.config import (
     ConfigSchema,
     EntitySchema,
@@ -24,6 +23,7 @@ from bigembed.config import (
     load_config,
     parse_config_dict,
 )
+from bigembed.datasets import fb15k237_demo_config
 from bigembed.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

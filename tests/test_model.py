@@ -134,3 +134,114 @@ def test_shared_negatives_groups() -> None:
     assert scores.shape == (5, 4)
     assert torch.allclose(scores[3], negs[1] @ anchors[3])
     assert torch.allclose(scores[4], negs[2] @ anchors[4])
+
+
+# --------------------------------------------------------------------------- fused training loss
+
+
+@pytest.mark.parametrize(
+    ("batch", "group", "chunk", "weighted", "num_negs"),
+    [
+        (1000, 1000, 50, False, 40),  # one group, chunks divide the batch
+        (130, 50, 50, True, 40),  # PBG-style per-chunk groups, last group short
+        (997, 997, 50, True, 300),  # padded last chunk, more tiles than one
+        (30, 30, 50, False, 8),  # batch smaller than a chunk
+        (600, 600, 0, False, 40),  # no batch negatives
+    ],
+)
+def test_fused_softmax_matches_unfused(
+    batch: int, group: int, chunk: int, weighted: bool, num_negs: int
+) -> None:
+    """The tiled kernel gives the unfused loss, gradients and violator count."""
+    from bigembed.model.fused import fused_softmax_loss
+
+    torch.manual_seed(batch)
+    cmp = make_comparator("dot")
+    groups = -(-batch // group)
+    pos = torch.randn(batch, requires_grad=True)
+    anchors = torch.randn(batch, 16, requires_grad=True)
+    src = torch.randn(batch, 16, requires_grad=True)
+    negs = torch.randn(groups, num_negs, 16, requires_grad=True)
+    weight = torch.rand(batch) if weighted else None
+    leaves = (pos, anchors, src, negs)
+
+    def run(fused: bool) -> tuple[float, int, list[torch.Tensor]]:
+        for t in leaves:
+            t.grad = None
+        if fused:
+            loss, violators = fused_softmax_loss(
+                pos, anchors, negs, group, weight, torch.float32, src if chunk else None, chunk
+            )
+        else:
+            blocks = [shared_negative_scores(cmp, anchors, negs, group, torch.float32)]
+            if chunk:
+                blocks.insert(0, batch_negative_scores(cmp, anchors, src, chunk, torch.float32))
+            loss = softmax_loss(pos, blocks, weight)
+            violators = sum(int((b > pos.detach().unsqueeze(1)).sum()) for b in blocks)
+        (3.0 * loss).backward()  # a non-unit upstream gradient
+        grads = [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in leaves]
+        return float(loss.detach()), violators, grads
+
+    (ref_loss, ref_viol, ref_grads), (loss, viol, grads) = run(False), run(True)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    assert viol == ref_viol
+    for ref, got in zip(ref_grads, grads, strict=True):
+        assert torch.allclose(ref, got, atol=1e-5, rtol=1e-4)
+
+
+def test_training_uses_fused_loss_with_same_value() -> None:
+    """need_scores=False (training) and the score-block path agree on loss and violators."""
+    from bigembed.config import parse_config_dict
+    from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
+
+    cfg = parse_config_dict(
+        {
+            "entities": {"e": {"num_partitions": 1}},
+            "relations": [{"name": "r", "lhs": "e", "rhs": "e", "operator": "complex_diagonal"}],
+            "dynamic_relations": True,
+            "dimension": 8,
+            "entity_path": "x",
+            "edge_paths": ["y"],
+            "checkpoint_path": "z",
+            "comparator": "dot",
+            "loss_fn": "softmax",
+            "regularization_coef": 0.01,
+            "global_emb": False,
+        }
+    )
+    torch.manual_seed(0)
+    model = ScoringModel(cfg, 5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    negs = NegativeSettings(num_batch_negs=4, num_uniform_negs=6, uniform_group=10)
+    n = 10
+    lhs = SideEmbeddings(torch.randn(n, 8), torch.arange(n), torch.randn(1, 6, 8))
+    rhs = SideEmbeddings(torch.randn(n, 8), torch.arange(n), torch.randn(1, 6, 8))
+    rel = torch.randint(5, (n,))
+    full = model(lhs, rhs, rel, 0, None, negs)
+    fused = model(lhs, rhs, rel, 0, None, negs, need_scores=False)
+    assert fused.lhs_neg == [] and fused.violators_lhs is not None
+    assert float(fused.loss.detach()) == pytest.approx(float(full.loss.detach()), rel=1e-5)
+    assert float(fused.reg.detach()) == pytest.approx(float(full.reg.detach()), rel=1e-6)
+    for pos, blocks, count in (
+        (full.lhs_pos, full.lhs_neg, fused.violators_lhs),
+        (full.rhs_pos, full.rhs_neg, fused.violators_rhs),
+    ):
+        assert count == sum(int((b > pos.detach().unsqueeze(1)).sum()) for b in blocks)
+
+
+@pytest.mark.parametrize("name", ["translation", "diagonal", "complex_diagonal"])
+def test_dynamic_reg_params_sum_counts_each_edge(name: str) -> None:
+    """bincount weighting equals gathering one parameter row per edge."""
+    op = make_operator(name, 6, num_relations=4)
+    with torch.no_grad():
+        for p in op.parameters():
+            p.copy_(torch.randn_like(p))
+    rel = torch.tensor([0, 2, 2, 3, 2, 0])
+    expected = op.reg_params(rel).pow(3).sum()
+    assert float(op.reg_params_sum(rel).detach()) == pytest.approx(
+        float(expected.detach()), rel=1e-6
+    )
+    whole = op.reg_params(None).pow(3).sum()
+    assert float(op.reg_params_sum(None).detach()) == pytest.approx(float(whole.detach()), rel=1e-6)

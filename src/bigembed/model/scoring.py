@@ -23,7 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from bigembed.config import ConfigSchema
-from bigembed.model.comparators import Comparator, make_comparator
+from bigembed.model.comparators import (
+    Comparator,
+    CosComparator,
+    DotComparator,
+    make_comparator,
+)
+from bigembed.model.fused import fused_softmax_loss
 from bigembed.model.losses import make_loss
 from bigembed.model.negatives import (
     batch_negative_scores,
@@ -67,6 +73,9 @@ class BatchScores:
     lhs_neg: list[Tensor]  # blocks of (B, N_k) negative scores
     rhs_pos: Tensor
     rhs_neg: list[Tensor]
+    # Set when the fused loss ran (no score blocks then): negatives above their positive.
+    violators_lhs: int | None = None
+    violators_rhs: int | None = None
 
 
 class ScoringModel(nn.Module):
@@ -155,16 +164,50 @@ class ScoringModel(nn.Module):
             )
         return parts
 
+    def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
+        """Whether :func:`fused_softmax_loss` computes this loss (softmax over dot products)."""
+        return (
+            self.config.loss_fn == "softmax"
+            and type(self.comparator) in (DotComparator, CosComparator)
+            and not all_negs
+            and negs.num_uniform_negs > 0
+        )
+
+    def _fused_direction(
+        self,
+        pos: Tensor,
+        src_pos: Tensor,
+        src_uniform: Tensor | None,
+        anchors: Tensor,
+        negs: NegativeSettings,
+        enabled: bool,
+        weight: Tensor | None,
+    ) -> tuple[Tensor, int]:
+        """Loss and violators of corrupting ``src`` against the anchors, without score blocks."""
+        if not enabled:
+            return pos.new_zeros(()), 0
+        assert src_uniform is not None  # _fusable: num_uniform_negs > 0
+        return fused_softmax_loss(
+            pos,
+            anchors,
+            src_uniform,
+            negs.uniform_group,
+            weight,
+            self.compute_dtype,
+            src_pos if negs.num_batch_negs > 0 else None,
+            negs.num_batch_negs,
+        )
+
     def _reg(
         self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int
     ) -> Tensor:
         if self.reg_coef == 0:
             return src.new_zeros(())
         total = operator.reg_embeddings_sum(src) + operator.reg_embeddings_sum(dst)
-        params = operator.reg_params(rel)
+        params = operator.reg_params_sum(rel)
         if params is not None:
             # Standard mode counts the (shared) parameters once per chunk, as PBG does.
-            total = total + params.pow(3).sum() * (1 if rel is not None else chunks)
+            total = total + params * (1 if rel is not None else chunks)
         return self.reg_coef * total
 
     def forward(
@@ -175,11 +218,18 @@ class ScoringModel(nn.Module):
         relation_idx: int,
         weight: Tensor | None,
         negs: NegativeSettings,
+        need_scores: bool = True,
     ) -> BatchScores:
-        """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only)."""
+        """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only).
+
+        With ``need_scores=False`` (training) the loss may be computed by the fused kernel,
+        which keeps no negative score blocks (``lhs_neg``/``rhs_neg`` are empty and the
+        violator counts are filled in instead).
+        """
         rcfg = self.relation_config(relation_idx)
         cmp = self.comparator
         all_negs = bool(rcfg.all_negs)
+        fused = not need_scores and self._fusable(negs, all_negs)
         lhs_x = self._adjust(lhs.pos, rcfg.lhs)
         rhs_x = self._adjust(rhs.pos, rcfg.rhs)
         batch = lhs_x.shape[0]
@@ -193,32 +243,33 @@ class ScoringModel(nn.Module):
                 x = op(x)
             return cmp.prepare(x)
 
+        # Per corrupted side: (positive scores, src rows, src uniform negs, src all, src offsets,
+        # anchors, enabled).
         if not self.dynamic:
             op = self.rhs_operator(relation_idx)
             lhs_p = cmp.prepare(lhs_x)
             rhs_t = cmp.prepare(op(rhs_x))
-            pos = cmp.pos(lhs_p, rhs_t)
-            lhs_neg = self._direction(
-                lhs_p,
-                prep_neg(lhs.uniform, rcfg.lhs, None),
-                prep_neg(lhs.all, rcfg.lhs, None),
-                lhs.pos_idx,
-                rhs_t,
-                negs,
-                not negs.disable_lhs,
-                all_negs,
-            )
-            rhs_neg = self._direction(
-                rhs_t,
-                prep_neg(rhs.uniform, rcfg.rhs, op),
-                prep_neg(rhs.all, rcfg.rhs, op),
-                rhs.pos_idx,
-                lhs_p,
-                negs,
-                not negs.disable_rhs,
-                all_negs,
-            )
-            lhs_pos = rhs_pos = pos
+            lhs_pos = rhs_pos = cmp.pos(lhs_p, rhs_t)
+            sides = [
+                (
+                    lhs_pos,
+                    lhs_p,
+                    prep_neg(lhs.uniform, rcfg.lhs, None),
+                    prep_neg(lhs.all, rcfg.lhs, None),
+                    lhs.pos_idx,
+                    rhs_t,
+                    not negs.disable_lhs,
+                ),
+                (
+                    rhs_pos,
+                    rhs_t,
+                    prep_neg(rhs.uniform, rcfg.rhs, op),
+                    prep_neg(rhs.all, rcfg.rhs, op),
+                    rhs.pos_idx,
+                    lhs_p,
+                    not negs.disable_rhs,
+                ),
+            ]
             reg = self._reg(op, lhs_p, rhs_t, None, chunks)
         else:
             rhs_op, lhs_op = self.rhs_operators[0], self.lhs_operators[0]
@@ -228,30 +279,41 @@ class ScoringModel(nn.Module):
             lhs_t = cmp.prepare(lhs_op(lhs_x, rel))
             lhs_pos = cmp.pos(lhs_p, rhs_t)
             rhs_pos = cmp.pos(rhs_p, lhs_t)
-            lhs_neg = self._direction(
-                lhs_p,
-                prep_neg(lhs.uniform, rcfg.lhs, None),
-                prep_neg(lhs.all, rcfg.lhs, None),
-                lhs.pos_idx,
-                rhs_t,
-                negs,
-                not negs.disable_lhs,
-                all_negs,
-            )
-            rhs_neg = self._direction(
-                rhs_p,
-                prep_neg(rhs.uniform, rcfg.rhs, None),
-                prep_neg(rhs.all, rcfg.rhs, None),
-                rhs.pos_idx,
-                lhs_t,
-                negs,
-                not negs.disable_rhs,
-                all_negs,
-            )
+            sides = [
+                (
+                    lhs_pos,
+                    lhs_p,
+                    prep_neg(lhs.uniform, rcfg.lhs, None),
+                    prep_neg(lhs.all, rcfg.lhs, None),
+                    lhs.pos_idx,
+                    rhs_t,
+                    not negs.disable_lhs,
+                ),
+                (
+                    rhs_pos,
+                    rhs_p,
+                    prep_neg(rhs.uniform, rcfg.rhs, None),
+                    prep_neg(rhs.all, rcfg.rhs, None),
+                    rhs.pos_idx,
+                    lhs_t,
+                    not negs.disable_rhs,
+                ),
+            ]
             reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
                 lhs_op, rhs_p, lhs_t, rel, chunks
             )
 
+        if fused:
+            (loss_l, viol_l), (loss_r, viol_r) = (
+                self._fused_direction(pos, src, uni, anchors, negs, on, weight)
+                for pos, src, uni, _all, _idx, anchors, on in sides
+            )
+            loss = (loss_l + loss_r) * float(rcfg.weight)
+            return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], viol_l, viol_r)
+        lhs_neg, rhs_neg = (
+            self._direction(src, uni, all_, idx, anchors, negs, on, all_negs)
+            for _pos, src, uni, all_, idx, anchors, on in sides
+        )
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
         loss = loss * float(rcfg.weight)
         return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)

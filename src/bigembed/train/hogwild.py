@@ -26,6 +26,7 @@ from torch import Tensor
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.train.batching import make_batches
+from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def _worker_main(
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     torch.set_num_threads(1)
+    keep_freed_memory()
     trainer = _make_trainer(setup)
 
     def progress(edges: int, loss: float) -> None:
@@ -140,6 +142,7 @@ class HogwildPool:
                 p.start()
                 self._procs.append(p)
         else:
+            keep_freed_memory()
             self._trainer = _make_trainer(setup)
 
     def progress(self) -> tuple[int, float]:

@@ -120,7 +120,15 @@ class BatchTrainer:
         rhs_side, rhs_uidx = gather_side(
             rhs, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
         )
-        scores = model(lhs_side, rhs_side, batch.rel, batch.relation_idx, batch.weight, self.negs)
+        scores = model(
+            lhs_side,
+            rhs_side,
+            batch.rel,
+            batch.relation_idx,
+            batch.weight,
+            self.negs,
+            need_scores=False,
+        )
         total = scores.loss + scores.reg
         total.backward()
 
@@ -146,8 +154,12 @@ class BatchTrainer:
             stats = StepStats(
                 loss=float(scores.loss),
                 reg=float(scores.reg),
-                violators_lhs=_violators(scores.lhs_pos, scores.lhs_neg),
-                violators_rhs=_violators(scores.rhs_pos, scores.rhs_neg),
+                violators_lhs=_violators(scores.lhs_pos, scores.lhs_neg)
+                if scores.violators_lhs is None
+                else scores.violators_lhs,
+                violators_rhs=_violators(scores.rhs_pos, scores.rhs_neg)
+                if scores.violators_rhs is None
+                else scores.violators_rhs,
                 count=len(batch),
             )
         return stats
