@@ -28,6 +28,9 @@ def test_demo_end_to_end(tmp_path: Path, capsys) -> None:
     assert "filtered" in out and "MRR" in out
     report = json.loads((work / "eval_test.json").read_text())
     assert report  # machine-readable results next to the table
+    png = work / "training.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"Training curves: {png}" in out
+    assert "rank" in out and "of 14,541" in out  # example predictions with the true entity's rank
     # a second run reuses the import and the finished checkpoint
     assert cli_main(args) == 0
     again = capsys.readouterr().out

@@ -89,9 +89,25 @@ def run(args: argparse.Namespace) -> int:
 
     print("\n== 3/3 Evaluate: filtered link prediction on the test set (full ranking)")
     _evaluate_and_show(cfg, work, splits, progress)
+    curves = _plot_curves(cfg, work)
     print(f"\nDone in {time.perf_counter() - started:.0f}s. Results and model in {work}.")
-    print(f"Training curves: bigembed plot {cfg.checkpoint_path}")
+    if curves is not None:
+        print(f"Training curves: {curves}")
     return 0
+
+
+def _plot_curves(cfg, work: Path) -> Path | None:
+    """The loss curve of the run as a PNG next to the results (None if there are no stats)."""
+    from bigembed.train.checkpoint import CheckpointStore
+    from bigembed.train.plotting import plot_training
+
+    store = CheckpointStore(cfg.checkpoint_path)
+    records = store.read_stats(max_version=store.committed_version())
+    if not records:
+        return None
+    out = work / "training.png"
+    plot_training(records, out)
+    return out
 
 
 def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> None:
@@ -102,9 +118,9 @@ def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> N
     )
     print(report.table())
     out = work / "eval_test.json"
-    report.write_json(out) if hasattr(report, "write_json") else out.write_text(report.to_json())
+    report.write_json(out)
     print(f"   written to {out}")
     from bigembed.query import example_predictions, load
 
-    print("\nExample predictions on test edges (top tails; * marks the true one):")
+    print()
     print(example_predictions(load(cfg.checkpoint_path), n=5, edge_path=splits[2]))

@@ -23,7 +23,7 @@ M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum on 64-bit systems
-TRIM_THRESHOLD = 1 << 30
+TRIM_THRESHOLD = 256 << 20
 TOP_PAD = 64 << 20
 
 _done = False
