@@ -243,32 +243,29 @@ class ScoringModel(nn.Module):
                 x = op(x)
             return cmp.prepare(x)
 
-        # Per corrupted side: (positive scores, src rows, src uniform negs, src all, src offsets,
-        # anchors, enabled).
+        def corruption(
+            pos: Tensor,
+            src: Tensor,
+            side: SideEmbeddings,
+            etype: str,
+            neg_op: Operator | None,
+            anchors: Tensor,
+            enabled: bool,
+        ) -> tuple:
+            """One corrupted side: (positive scores, src rows, src uniform negatives, src all
+            entities, src offsets, anchors, enabled)."""
+            uniform = prep_neg(side.uniform, etype, neg_op)
+            whole = prep_neg(side.all, etype, neg_op)
+            return pos, src, uniform, whole, side.pos_idx, anchors, enabled
+
         if not self.dynamic:
             op = self.rhs_operator(relation_idx)
             lhs_p = cmp.prepare(lhs_x)
             rhs_t = cmp.prepare(op(rhs_x))
             lhs_pos = rhs_pos = cmp.pos(lhs_p, rhs_t)
             sides = [
-                (
-                    lhs_pos,
-                    lhs_p,
-                    prep_neg(lhs.uniform, rcfg.lhs, None),
-                    prep_neg(lhs.all, rcfg.lhs, None),
-                    lhs.pos_idx,
-                    rhs_t,
-                    not negs.disable_lhs,
-                ),
-                (
-                    rhs_pos,
-                    rhs_t,
-                    prep_neg(rhs.uniform, rcfg.rhs, op),
-                    prep_neg(rhs.all, rcfg.rhs, op),
-                    rhs.pos_idx,
-                    lhs_p,
-                    not negs.disable_rhs,
-                ),
+                corruption(lhs_pos, lhs_p, lhs, rcfg.lhs, None, rhs_t, not negs.disable_lhs),
+                corruption(rhs_pos, rhs_t, rhs, rcfg.rhs, op, lhs_p, not negs.disable_rhs),
             ]
             reg = self._reg(op, lhs_p, rhs_t, None, chunks)
         else:
@@ -280,24 +277,8 @@ class ScoringModel(nn.Module):
             lhs_pos = cmp.pos(lhs_p, rhs_t)
             rhs_pos = cmp.pos(rhs_p, lhs_t)
             sides = [
-                (
-                    lhs_pos,
-                    lhs_p,
-                    prep_neg(lhs.uniform, rcfg.lhs, None),
-                    prep_neg(lhs.all, rcfg.lhs, None),
-                    lhs.pos_idx,
-                    rhs_t,
-                    not negs.disable_lhs,
-                ),
-                (
-                    rhs_pos,
-                    rhs_p,
-                    prep_neg(rhs.uniform, rcfg.rhs, None),
-                    prep_neg(rhs.all, rcfg.rhs, None),
-                    rhs.pos_idx,
-                    lhs_t,
-                    not negs.disable_rhs,
-                ),
+                corruption(lhs_pos, lhs_p, lhs, rcfg.lhs, None, rhs_t, not negs.disable_lhs),
+                corruption(rhs_pos, rhs_p, rhs, rcfg.rhs, None, lhs_t, not negs.disable_rhs),
             ]
             reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
                 lhs_op, rhs_p, lhs_t, rel, chunks
