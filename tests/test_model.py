@@ -189,21 +189,33 @@ def test_fused_softmax_matches_unfused(
         assert torch.allclose(ref, got, atol=1e-5, rtol=1e-4)
 
 
-def test_training_uses_fused_loss_with_same_value() -> None:
-    """need_scores=False (training) and the score-block path agree on loss and violators."""
+@pytest.mark.parametrize(
+    ("comparator", "dynamic", "operator"),
+    [
+        ("dot", True, "complex_diagonal"),
+        ("cos", True, "diagonal"),
+        ("dot", False, "translation"),
+        ("cos", False, "diagonal"),
+    ],
+)
+def test_training_uses_fused_loss_with_same_value(
+    comparator: str, dynamic: bool, operator: str
+) -> None:
+    """need_scores=False (training) and the score-block path agree on loss, gradients and
+    violators, in both relation modes (standard mode sends rhs negatives through the operator)."""
     from bigembed.config import parse_config_dict
     from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 
     cfg = parse_config_dict(
         {
             "entities": {"e": {"num_partitions": 1}},
-            "relations": [{"name": "r", "lhs": "e", "rhs": "e", "operator": "complex_diagonal"}],
-            "dynamic_relations": True,
+            "relations": [{"name": "r", "lhs": "e", "rhs": "e", "operator": operator}],
+            "dynamic_relations": dynamic,
             "dimension": 8,
             "entity_path": "x",
             "edge_paths": ["y"],
             "checkpoint_path": "z",
-            "comparator": "dot",
+            "comparator": comparator,
             "loss_fn": "softmax",
             "regularization_coef": 0.01,
             "global_emb": False,
@@ -216,14 +228,25 @@ def test_training_uses_fused_loss_with_same_value() -> None:
             p.add_(torch.randn_like(p) * 0.3)
     negs = NegativeSettings(num_batch_negs=4, num_uniform_negs=6, uniform_group=10)
     n = 10
-    lhs = SideEmbeddings(torch.randn(n, 8), torch.arange(n), torch.randn(1, 6, 8))
-    rhs = SideEmbeddings(torch.randn(n, 8), torch.arange(n), torch.randn(1, 6, 8))
-    rel = torch.randint(5, (n,))
-    full = model(lhs, rhs, rel, 0, None, negs)
-    fused = model(lhs, rhs, rel, 0, None, negs, need_scores=False)
+    leaves = [torch.randn(n, 8), torch.randn(1, 6, 8), torch.randn(n, 8), torch.randn(1, 6, 8)]
+    rel = torch.randint(5, (n,)) if dynamic else torch.zeros(n, dtype=torch.long)
+
+    def run(need_scores: bool):  # type: ignore[no-untyped-def]
+        xs = [x.clone().requires_grad_() for x in leaves]
+        model.zero_grad()
+        lhs = SideEmbeddings(xs[0], torch.arange(n), xs[1])
+        rhs = SideEmbeddings(xs[2], torch.arange(n), xs[3])
+        out = model(lhs, rhs, rel, 0, None, negs, need_scores=need_scores)
+        (out.loss + out.reg).backward()
+        grads = [x.grad for x in xs] + [p.grad.clone() for p in model.parameters()]
+        return out, grads
+
+    (full, full_grads), (fused, fused_grads) = run(True), run(False)
     assert fused.lhs_neg == [] and fused.violators_lhs is not None
     assert float(fused.loss.detach()) == pytest.approx(float(full.loss.detach()), rel=1e-5)
     assert float(fused.reg.detach()) == pytest.approx(float(full.reg.detach()), rel=1e-6)
+    for ref, got in zip(full_grads, fused_grads, strict=True):
+        assert torch.allclose(ref, got, atol=1e-5, rtol=1e-4)
     for pos, blocks, count in (
         (full.lhs_pos, full.lhs_neg, fused.violators_lhs),
         (full.rhs_pos, full.rhs_neg, fused.violators_rhs),
