@@ -104,6 +104,19 @@ def make_config(root: Path, **overrides: Any) -> ConfigSchema:
     return parse_config_dict(data)
 
 
+USER_ITEM_RELATIONS = {"buys": ("user", "item"), "follows": ("user", "user")}
+
+
+def user_item_config(root: Path) -> ConfigSchema:
+    """Two entity types (users in 2 partitions, items in 1), global embeddings, and a linear
+    (user buys item) and a translation (user follows user) relation: standard mode."""
+    return make_config(
+        root, dimension=3, global_emb=True,
+        entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
+        relations=[{"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
+                   {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}])
+
+
 def write_config_file(cfg: ConfigSchema, path: Path) -> Path:
     path.write_text(json.dumps(config_to_dict(cfg), indent=1))
     return path

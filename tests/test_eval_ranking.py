@@ -11,7 +11,7 @@ import torch
 from bigembed.eval.filters import KnownEdges
 from bigembed.eval.ranking import EvalEdges, rank_edges
 from bigembed.inference import EntityTables, open_checkpoint
-from evalkit import make_config, write_checkpoint
+from evalkit import USER_ITEM_RELATIONS, make_config, user_item_config, write_checkpoint
 
 
 def _rank(cfg, edges: EvalEdges, known: KnownEdges | None, **kw):
@@ -178,12 +178,8 @@ def test_several_entity_types_rank_against_their_own_type(tmp_path: Path) -> Non
             ("u2", "follows", "u3")]
     write_graph(tmp_path, {"user": users, "item": items}, ["buys", "follows"],
                 {"train": test[:1], "test": test}, dynamic=False,
-                rel_types={"buys": ("user", "item"), "follows": ("user", "user")})
-    cfg = make_config(
-        tmp_path, dimension=3, global_emb=True,
-        entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
-        relations=[{"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
-                   {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}])
+                rel_types=USER_ITEM_RELATIONS)
+    cfg = user_item_config(tmp_path)
     rng = np.random.default_rng(5)
     emb = {("user", 0): rng.normal(size=(3, 3)), ("user", 1): rng.normal(size=(2, 3)),
            ("item", 0): rng.normal(size=(4, 3))}

@@ -13,7 +13,13 @@ import torch
 from bigembed.cli import main as cli_main
 from bigembed.errors import InputError, OutputExistsError
 from bigembed.export import export_checkpoint
-from evalkit import make_config, write_checkpoint, write_graph
+from evalkit import (
+    USER_ITEM_RELATIONS,
+    make_config,
+    user_item_config,
+    write_checkpoint,
+    write_graph,
+)
 
 USERS = [["ann", 'bob "the builder"'], ["cé", "dan"]]  # two partitions
 ITEMS = [["x1", "x2", "x3"]]
@@ -24,12 +30,8 @@ def checkpoint(tmp_path: Path):
     """Two entity types, partitions, global embeddings, linear + translation operators."""
     write_graph(tmp_path, {"user": USERS, "item": ITEMS}, ["buys", "follows"],
                 {"train": [("ann", "buys", "x1"), ("dan", "follows", "cé")]}, dynamic=False,
-                rel_types={"buys": ("user", "item"), "follows": ("user", "user")})
-    cfg = make_config(
-        tmp_path, dimension=3, global_emb=True,
-        entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
-        relations=[{"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
-                   {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}])
+                rel_types=USER_ITEM_RELATIONS)
+    cfg = user_item_config(tmp_path)
     rng = np.random.default_rng(0)
     emb = {("user", 0): rng.normal(size=(2, 3)), ("user", 1): rng.normal(size=(2, 3)),
            ("item", 0): rng.normal(size=(3, 3))}
