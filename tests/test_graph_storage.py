@@ -117,3 +117,17 @@ def test_entity_store_round_trip(tmp_path: Path) -> None:
     (tmp_path / "ent" / "entity_names_user_0.parquet").unlink()
     with pytest.raises(InputError, match=r"entity_names_user_0\.parquet"):
         EntityStore(tmp_path / "ent").names("user", 0)
+
+
+def test_atomic_writes_get_ordinary_file_permissions(tmp_path: Path) -> None:
+    """Outputs are readable like any file the user creates (mkstemp alone would make 0600)."""
+    import os
+
+    from bigembed.atomic import FILE_MODE, atomic_file, atomic_write_text
+
+    atomic_write_text(tmp_path / "a.json", "{}")
+    with atomic_file(tmp_path / "b.npy") as tmp:
+        tmp.write_bytes(b"x")
+    for name in ("a.json", "b.npy"):
+        assert os.stat(tmp_path / name).st_mode & 0o777 == FILE_MODE
+    assert FILE_MODE & 0o400  # the owner can always read

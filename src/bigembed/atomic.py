@@ -13,6 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (in the main thread): os.umask can only be read by setting it, which
+# would race with threads creating files.
+UMASK = _read_umask()
+FILE_MODE = 0o666 & ~UMASK  # what open() would give a new file
+DIR_MODE = 0o777 & ~UMASK  # what mkdir() would give a new directory
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Flush a directory entry (a rename or a new file in it) to stable storage."""
     fd = os.open(os.fspath(path), os.O_RDONLY)
@@ -28,6 +41,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp makes 0600 files; outputs get ordinary permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -55,7 +69,10 @@ def atomic_file(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, FILE_MODE)
+    finally:
+        os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path

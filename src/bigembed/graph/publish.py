@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bigembed.atomic import fsync_dir, fsync_tree
+from bigembed.atomic import DIR_MODE, fsync_dir, fsync_tree
 from bigembed.errors import OutputExistsError
 from bigembed.graph.format import MANIFEST
 
@@ -35,9 +35,7 @@ ENTITY_PATTERNS = (
 def _make_temp_dir(prefix: str, parent: Path) -> Path:
     """mkdtemp with the permissions of an ordinary mkdir (mkdtemp's are 0700)."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
+    os.chmod(path, DIR_MODE)
     return path
 
 
