@@ -242,14 +242,14 @@ def test_training_uses_fused_loss_with_same_value(
         return out, grads
 
     (full, full_grads), (fused, fused_grads) = run(True), run(False)
-    assert fused.lhs_neg == [] and fused.violators_lhs is not None
+    assert fused.lhs_neg == [] and fused.fused_violators is not None
     assert float(fused.loss.detach()) == pytest.approx(float(full.loss.detach()), rel=1e-5)
     assert float(fused.reg.detach()) == pytest.approx(float(full.reg.detach()), rel=1e-6)
     for ref, got in zip(full_grads, fused_grads, strict=True):
         assert torch.allclose(ref, got, atol=1e-5, rtol=1e-4)
     for pos, blocks, count in (
-        (full.lhs_pos, full.lhs_neg, fused.violators_lhs),
-        (full.rhs_pos, full.rhs_neg, fused.violators_rhs),
+        (full.lhs_pos, full.lhs_neg, fused.violators()[0]),
+        (full.rhs_pos, full.rhs_neg, fused.violators()[1]),
     ):
         assert count == sum(int((b > pos.detach().unsqueeze(1)).sum()) for b in blocks)
 

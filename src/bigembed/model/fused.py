@@ -11,7 +11,7 @@ probabilities with one fused kernel while they are still in cache, and only the 
 scores leaves the loop, stored once in the compute dtype: exactly the operand the two backward
 matrix products read. Violators (negatives scoring above their positive) are counted in the
 same pass. The math is the unfused :func:`bigembed.model.losses.softmax_loss` applied to
-``[pos | extra blocks | anchors x negatives]``; tests check the two agree.
+``[pos | batch negatives | anchors x shared negatives]``; tests check the two agree.
 """
 
 from __future__ import annotations
@@ -19,29 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# 256 rows x ~1000 fp32 scores: the tile, its probabilities and the bf16 product fit in a 2 MB L2
-# while the product still runs at the matmul peak (measured: 414 GFLOP/s at 256 rows vs 381 at
-# 128, bf16, one core).
+from bigembed.model.negatives import MASKED, batch_negative_mask, pad_rows
+
+# Rows of a tile: 256 keeps the bf16 product at the matmul peak (414 GFLOP/s on one core, 381 at
+# 128); whole steps measured within 1% of each other from 128 to 512 rows.
 TILE_ROWS = 256
-
-
-MASKED = -1e9  # as bigembed.model.negatives: weighs nothing in the softmax
-
-
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
-    if x.shape[0] == rows:
-        return x
-    return torch.cat((x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))), dim=0)
-
-
-def _batch_negative_mask(batch: int, chunk: int) -> Tensor:
-    """(batch, chunk) True where a batch negative is the row's own positive or padding."""
-    padded = -(-batch // chunk) * chunk
-    col = torch.arange(chunk)
-    rows = torch.arange(batch)
-    own = col.unsqueeze(0) == (rows % chunk).unsqueeze(1)
-    beyond = (rows - rows % chunk).unsqueeze(1) + col.unsqueeze(0) >= batch
-    return own | beyond if padded != batch else own
 
 
 class _FusedSoftmax(torch.autograd.Function):
@@ -67,10 +49,10 @@ class _FusedSoftmax(torch.autograd.Function):
         if src is not None:
             k = min(chunk, batch)
             padded = -(-batch // k) * k
-            a_chunks = _pad_rows(a, padded).view(-1, k, dim)
-            s_chunks = _pad_rows(src.to(dtype), padded).view(-1, k, dim)
+            a_chunks = pad_rows(a, padded).view(-1, k, dim)
+            s_chunks = pad_rows(src.to(dtype), padded).view(-1, k, dim)
             batch_scores = torch.bmm(a_chunks, s_chunks.transpose(1, 2)).view(padded, k)[:batch]
-            batch_scores = batch_scores.float().masked_fill_(_batch_negative_mask(batch, k), MASKED)
+            batch_scores = batch_scores.float().masked_fill_(batch_negative_mask(batch, k), MASKED)
         width = 1 + k + num_negs
         grad_negs_scores = torch.empty((batch, num_negs), dtype=dtype)
         grad_batch_scores = torch.empty((batch, k), dtype=torch.float32)
@@ -125,7 +107,7 @@ class _FusedSoftmax(torch.autograd.Function):
         grad_src = None
         if ctx.has_src:
             chunks, k, _ = a_chunks.shape
-            gb = _pad_rows(gb, chunks * k).to(a.dtype).view(chunks, k, k)
+            gb = pad_rows(gb, chunks * k).to(a.dtype).view(chunks, k, k)
             grad_anchors += torch.bmm(gb, s_chunks).view(-1, dim)[:batch]
             grad_src = torch.bmm(gb.transpose(1, 2), a_chunks).view(-1, dim)[:batch].float()
         if scale != 1.0:

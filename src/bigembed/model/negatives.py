@@ -27,10 +27,21 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    """``x`` with zero rows appended up to ``rows`` (``x`` itself when it has them already)."""
     if x.shape[0] == rows:
         return x
     return torch.cat((x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))), dim=0)
+
+
+def batch_negative_mask(num: int, chunk_size: int) -> Tensor:
+    """(num, chunk_size) True where a batch negative is the row's own positive or padding."""
+    col = torch.arange(chunk_size).unsqueeze(0)
+    rows = torch.arange(num).unsqueeze(1)
+    own = col == rows % chunk_size
+    if num % chunk_size == 0:
+        return own
+    return own | (rows - rows % chunk_size + col >= num)
 
 
 def batch_negative_scores(
@@ -41,17 +52,13 @@ def batch_negative_scores(
     chunk_size = min(chunk_size, num)
     chunks = _ceil_div(num, chunk_size)
     padded = chunks * chunk_size
-    a = _pad_rows(anchors, padded).view(chunks, chunk_size, -1)
-    s = _pad_rows(src, padded).view(chunks, chunk_size, -1)
-    scores = comparator.neg(a.to(dtype), s.to(dtype)).float()  # (chunks, chunk, chunk)
-    mask = torch.eye(chunk_size, dtype=torch.bool).expand(chunks, -1, -1)
-    if padded != num:
-        pad_cols = torch.zeros(chunks, 1, chunk_size, dtype=torch.bool)
-        pad_cols[-1, 0, chunk_size - (padded - num) :] = True
-        mask = mask | pad_cols
-    scores = scores.masked_fill(mask, MASKED).view(padded, chunk_size)
+    a = pad_rows(anchors, padded).view(chunks, chunk_size, -1)
+    s = pad_rows(src, padded).view(chunks, chunk_size, -1)
+    scores = comparator.neg(a.to(dtype), s.to(dtype)).float().view(padded, chunk_size)
     # Slicing is not free under autograd (its backward allocates and copies): only when padded.
-    return scores if padded == num else scores[:num]
+    if padded != num:
+        scores = scores[:num]
+    return scores.masked_fill(batch_negative_mask(num, chunk_size), MASKED)
 
 
 def shared_negative_scores(
@@ -64,7 +71,7 @@ def shared_negative_scores(
     num = anchors.shape[0]
     groups = negs.shape[0]
     padded = groups * group_size
-    a = _pad_rows(anchors, padded).view(groups, group_size, -1)
+    a = pad_rows(anchors, padded).view(groups, group_size, -1)
     scores = comparator.neg(a.to(dtype), negs.to(dtype)).float().view(padded, -1)
     return scores if padded == num else scores[:num]
 

@@ -74,8 +74,18 @@ class BatchScores:
     rhs_pos: Tensor
     rhs_neg: list[Tensor]
     # Set when the fused loss ran (no score blocks then): negatives above their positive.
-    violators_lhs: int | None = None
-    violators_rhs: int | None = None
+    fused_violators: tuple[int, int] | None = None
+
+    def violators(self) -> tuple[int, int]:
+        """Negatives scoring above their positive, per corrupted side (lhs, rhs)."""
+        if self.fused_violators is not None:
+            return self.fused_violators
+
+        def count(pos: Tensor, blocks: list[Tensor]) -> int:
+            p = pos.detach().unsqueeze(1)
+            return sum(int(torch.count_nonzero(b.detach() > p)) for b in blocks)
+
+        return count(self.lhs_pos, self.lhs_neg), count(self.rhs_pos, self.rhs_neg)
 
 
 class ScoringModel(nn.Module):
@@ -290,7 +300,7 @@ class ScoringModel(nn.Module):
                 for pos, src, uni, _all, _idx, anchors, on in sides
             )
             loss = (loss_l + loss_r) * float(rcfg.weight)
-            return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], viol_l, viol_r)
+            return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], (viol_l, viol_r))
         lhs_neg, rhs_neg = (
             self._direction(src, uni, all_, idx, anchors, negs, on, all_negs)
             for _pos, src, uni, all_, idx, anchors, on in sides

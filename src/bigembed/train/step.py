@@ -83,12 +83,6 @@ def gather_side(
     return SideEmbeddings(pos, idx, uniform, whole), uidx
 
 
-def _violators(pos: Tensor, blocks: list[Tensor]) -> int:
-    """Negatives scoring above their positive."""
-    p = pos.unsqueeze(1)
-    return sum(int(torch.count_nonzero(b > p)) for b in blocks)
-
-
 class BatchTrainer:
     """Runs training steps for one worker against the tables of the current bucket."""
 
@@ -150,16 +144,12 @@ class BatchTrainer:
                 row_adagrad_update(rhs.emb, rhs.state, rhs_updates, self.lr)
         dense_adagrad_update(self.params, self.model_states, self.relation_lr)
 
-        with torch.no_grad():
-            stats = StepStats(
-                loss=float(scores.loss),
-                reg=float(scores.reg),
-                violators_lhs=_violators(scores.lhs_pos, scores.lhs_neg)
-                if scores.violators_lhs is None
-                else scores.violators_lhs,
-                violators_rhs=_violators(scores.rhs_pos, scores.rhs_neg)
-                if scores.violators_rhs is None
-                else scores.violators_rhs,
-                count=len(batch),
-            )
+        violators_lhs, violators_rhs = scores.violators()
+        stats = StepStats(
+            loss=float(scores.loss.detach()),
+            reg=float(scores.reg.detach()),
+            violators_lhs=violators_lhs,
+            violators_rhs=violators_rhs,
+            count=len(batch),
+        )
         return stats
