@@ -382,10 +382,144 @@ def test_same_side_partitions() -> None:
 
 def test_featurized_rejected() -> None:
     data = base()
+    data["entities"]["item"]["featurized"] = False  # PBG's default value loads
+    parse_config_dict(data)
     data["entities"]["item"]["featurized"] = True
-    assert error_of(data) == (
-        "cfg.yaml: entities.item.featurized: featurized entities are not supported by bigembed yet"
+    msg = error_of(data)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith(
+        "cfg.yaml: entities.item.featurized: featurized entities are not supported by bigembed"
     )
+    assert "init_path" in msg  # what to do instead
+
+
+# --------------------------------------------------------------------------- PBG keys bigembed
+# cannot honour: the default loads, anything else is a one-line error or a loud warning
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "default", "advice"),
+    [
+        ("num_gpus", 1, 0, "set num_gpus: 0"),
+        ("numGpus", 2, 0, "set num_gpus: 0"),  # PBG's mixedCase spelling
+        ("half_precision", True, False, "compute_dtype: bfloat16"),
+    ],
+)
+def test_unsupported_gpu_keys_refused(key: str, bad: Any, default: Any, advice: str) -> None:
+    parse_config_dict(with_(**{key: default}))
+    msg = error_of(with_(**{key: bad}))
+    assert len(msg.splitlines()) == 1
+    snake = "num_gpus" if key == "numGpus" else key
+    assert msg.startswith(f"cfg.yaml: {snake}: ")
+    assert advice in msg and "CPU only" in msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "default"),
+    [
+        ("num_groups_for_partition_server", 4, 16),
+        ("num_groups_per_sharded_partition_server", 2, 1),
+        ("partition_shard_size", 100, 250),
+    ],
+)
+def test_ignored_partition_server_keys_warn(
+    key: str, value: int, default: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="bigembed.config"):
+        cfg = parse_config_dict(with_(**{key: default}), "w.yaml")
+    assert caplog.text == ""  # the default value of a PBG config is silent
+    with caplog.at_level(logging.WARNING, logger="bigembed.config"):
+        cfg = parse_config_dict(with_(**{key: value}), "w.yaml")
+    assert getattr(cfg, key) == value  # still loads (the value is harmless)
+    assert f"w.yaml: {key}: {value} is accepted for PBG compatibility and ignored" in caplog.text
+    assert f"default {default}" in caplog.text
+
+
+def test_ignored_distributed_only_keys_warn(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="bigembed.config"):
+        parse_config_dict(
+            with_(num_machines=2, distributed_init_method="tcp://h:1", bucket_order="random"), "w"
+        )
+        parse_config_dict(with_(num_partition_servers=2), "w")
+    assert "w: bucket_order: random is ignored with num_machines > 1" in caplog.text
+    assert "w: num_partition_servers: ignored with num_machines: 1" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bigembed.config"):
+        parse_config_dict(with_(bucket_order="random", num_partition_servers=-1), "w")
+        parse_config_dict(with_(num_machines=2, distributed_init_method="tcp://h:1"), "w")
+    assert caplog.text == ""
+
+
+# Every key of PBG's ConfigSchema (reference/pbg.md section 1).
+PBG_KEYS = {
+    *(f"entities.TYPE.{k}" for k in ("num_partitions", "featurized", "dimension")),
+    *(f"relations[i].{k}" for k in ("name", "lhs", "rhs", "weight", "operator", "all_negs")),
+    *[
+        "entities",
+        "relations",
+        "dimension",
+        "init_scale",
+        "max_norm",
+        "global_emb",
+        "comparator",
+        "bias",
+        "loss_fn",
+        "margin",
+        "regularization_coef",
+        "regularizer",
+        "entity_path",
+        "edge_paths",
+        "checkpoint_path",
+        "init_path",
+        "checkpoint_preservation_interval",
+        "num_epochs",
+        "num_edge_chunks",
+        "max_edges_per_chunk",
+        "bucket_order",
+        "workers",
+        "batch_size",
+        "num_batch_negs",
+        "num_uniform_negs",
+        "disable_lhs_negs",
+        "disable_rhs_negs",
+        "lr",
+        "relation_lr",
+        "eval_fraction",
+        "eval_num_batch_negs",
+        "eval_num_uniform_negs",
+        "background_io",
+        "verbose",
+        "hogwild_delay",
+        "dynamic_relations",
+        "num_machines",
+        "num_partition_servers",
+        "distributed_init_method",
+        "distributed_tree_init_order",
+        "num_groups_for_partition_server",
+        "num_groups_per_sharded_partition_server",
+        "partition_shard_size",
+        "num_gpus",
+        "half_precision",
+    ],
+}
+
+
+def test_pbg_differences_table() -> None:
+    from bigembed.config import IGNORED_KEYS, PBG_DIFFERENCES, pbg_status
+
+    assert len(PBG_KEYS) == 54
+    keys = {key for key, _, _, _ in config_keys()}
+    assert keys >= PBG_KEYS
+    assert set(PBG_DIFFERENCES) <= PBG_KEYS
+    assert {k for k in keys if pbg_status(k) == "new"} == keys - PBG_KEYS
+    # every key that is refused or ignored is marked, and says so in its description
+    refused_or_ignored = {"num_gpus", "half_precision", "entities.TYPE.featurized", *IGNORED_KEYS}
+    assert refused_or_ignored <= set(PBG_DIFFERENCES)
+    described = {key: text for key, _, _, text in config_keys()}
+    for key in IGNORED_KEYS:
+        assert "ignored" in described[key], key
+    for key in ("num_gpus", "half_precision", "entities.TYPE.featurized"):
+        assert "must be" in described[key], key
 
 
 @pytest.mark.parametrize("operator", ["linear", "affine"])
@@ -424,11 +558,9 @@ def test_all_problems_reported_together() -> None:
 
 def test_warnings(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="bigembed.config"):
-        parse_config_dict(
-            with_(num_gpus=1, half_precision=True, background_io=True, loss_fn="logistic"), "w.yaml"
-        )
+        parse_config_dict(with_(background_io=True, loss_fn="logistic"), "w.yaml")
     text = caplog.text
-    for key in ("num_gpus", "half_precision", "background_io: deprecated", "loss_fn"):
+    for key in ("background_io: deprecated", "loss_fn"):
         assert f"w.yaml: {key}" in text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="bigembed.config"):
@@ -574,6 +706,10 @@ def test_cli_keys(capsys: pytest.CaptureFixture[str]) -> None:
     for key, _, _, _ in config_keys():
         assert key in out
     assert "relations[i].operator" in out and "inside_out" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "  differs  " in rows["num_gpus"] and "  differs  " in rows["partition_shard_size"]
+    assert "  same  " in rows["margin"] and "  new  " in rows["compute_dtype"]
+    assert "  half_precision: true is refused (use compute_dtype: bfloat16)" in out
 
 
 def test_cli_bad_config_subprocess(tmp_path: Path) -> None:

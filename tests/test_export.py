@@ -149,9 +149,19 @@ def test_existing_output_is_refused_unless_forced(checkpoint, tmp_path: Path, ca
         export_checkpoint(cfg.checkpoint_path, "npy", out)
     assert cli_main(["export", cfg.checkpoint_path, "--format", "npy", "-o", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+    # --force replaces only an earlier export (marked), never a directory of the user's
+    assert cli_main(["export", cfg.checkpoint_path, "--format", "npy", "-o", str(out),
+                     "--force"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: not replaced" in err and "marker" in err and len(err.splitlines()) == 1
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert cli_main(["export", cfg.checkpoint_path, "--format", "tsv", "-o", str(out)]) == 2
+    out.rmdir()
+    assert cli_main(["export", cfg.checkpoint_path, "--format", "tsv", "-o", str(out)]) == 0
     assert cli_main(["export", cfg.checkpoint_path, "--format", "npy", "-o", str(out),
                      "--force"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "embeddings_user.npy").exists()
+    assert not (out / "entities.tsv").exists() and (out / "embeddings_user.npy").exists()
 
 
 def test_tsv_refuses_names_it_cannot_hold_and_leaves_nothing(tmp_path: Path) -> None:

@@ -167,6 +167,56 @@ def test_reads_a_checkpoint_written_by_pbg(tmp_path: Path) -> None:
     assert len(model.predict("b", "r_c", k=5)) == 5
 
 
+def _craft(path: Path, kind: str, outside: Path, name: str = "embeddings") -> None:
+    """Rewrite ``path`` so that dataset ``name`` takes its bytes from the file ``outside``
+    (an HDF5 file with a dataset ``data`` of shape (3, 4), or raw float32 bytes for "external")."""
+    with h5py.File(path, "a") as f:
+        del f[name]
+        if kind == "external":  # raw storage in an arbitrary file
+            f.create_dataset(name, shape=(3, 4), dtype="f4", external=[(str(outside), 0, 48)])
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(3, 4), dtype="f4")
+            layout[:] = h5py.VirtualSource(str(outside), "data", shape=(3, 4))
+            f.create_virtual_dataset(name, layout)
+        elif kind == "external_link":
+            f[name] = h5py.ExternalLink(str(outside), "/data")
+        elif kind == "soft_link":
+            f.create_dataset("elsewhere", data=np.zeros((3, 4), dtype="f4"))
+            f[name] = h5py.SoftLink("/elsewhere")
+
+
+@pytest.mark.parametrize("kind", ["external", "virtual", "external_link", "soft_link"])
+@pytest.mark.parametrize("target", ["embeddings", "model"])
+def test_refuses_data_from_outside_the_file(
+    tmp_path: Path, kind: str, target: str, capsys
+) -> None:
+    """A crafted checkpoint must not make the converter copy another local file's bytes."""
+    _write_pbg_fixture(tmp_path)
+    private = np.arange(12, dtype=np.float32).reshape(3, 4)  # "an arbitrary local file"
+    if kind == "external":
+        outside = tmp_path / "private.bin"
+        outside.write_bytes(private.tobytes())
+    else:
+        outside = tmp_path / "private.h5"
+        with h5py.File(outside, "w") as f:
+            f.create_dataset("data", data=private)
+    if target == "embeddings":
+        path, name = tmp_path / "ck" / "embeddings_all_0.v6.h5", "embeddings"
+    else:
+        path, name = tmp_path / "ck" / "model.v6.h5", "model/relations/0/operator/lhs/diagonals"
+    _craft(path, kind, outside, name)
+    if kind != "soft_link":  # the crafted file really reads the outside bytes
+        with h5py.File(path, "r") as f:
+            np.testing.assert_array_equal(f[name][...], private)
+    rc = cli_main(["convert", "from-pbg", str(tmp_path / "ck"), str(tmp_path / "ent"),
+                   str(tmp_path / "o"), str(tmp_path / "oe")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1, err
+    assert str(path) in err[0] and f"/{name}" in err[0]
+    assert ("soft link" if kind == "soft_link" else "outside the checkpoint file") in err[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "oe").exists()
+
+
 def test_errors_are_clear(tmp_path: Path, monkeypatch, capsys) -> None:
     _write_pbg_fixture(tmp_path)
     (tmp_path / "ck" / "checkpoint_version.txt").unlink()

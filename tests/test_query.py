@@ -12,8 +12,8 @@ import torch
 
 import bigembed
 from bigembed.cli import main as cli_main
-from bigembed.errors import InputError
-from bigembed.query import UnknownNameError, example_predictions
+from bigembed.errors import BigembedError, InputError
+from bigembed.query import QueryError, UnknownNameError, example_predictions
 from evalkit import make_config, trained_graph, write_checkpoint, write_graph
 
 
@@ -52,11 +52,13 @@ def test_scores_match_predictions_and_directions(ring) -> None:
     got = model.score(h, r, [p.name for p in top], side="rhs")
     np.testing.assert_allclose(got, [p.score for p in top], rtol=1e-5)
     heads = model.predict(t, r, k=2, side="lhs")
-    np.testing.assert_allclose(model.score([p.name for p in heads], r, t, side="lhs"),
-                               [p.score for p in heads], rtol=1e-5)
+    np.testing.assert_allclose(
+        model.score([p.name for p in heads], r, t, side="lhs"), [p.score for p in heads], rtol=1e-5
+    )
     both = model.score(h, r, t)
-    assert both == pytest.approx((model.score(h, r, t, side="lhs")
-                                  + model.score(h, r, t, side="rhs")) / 2)
+    assert both == pytest.approx(
+        (model.score(h, r, t, side="lhs") + model.score(h, r, t, side="rhs")) / 2
+    )
 
 
 def test_similar_returns_itself_first(ring) -> None:
@@ -100,16 +102,33 @@ def test_search_spans_partitions(tmp_path: Path) -> None:
     for parts in (1, 3):
         root = tmp_path / str(parts)
         members = [list(range(p, 10, parts)) for p in range(parts)]
-        write_graph(root, {"node": [[names[i] for i in m] for m in members]}, ["all"],
-                    {"train": [("e0", "all", "e1")]}, dynamic=False)
-        cfg = make_config(root, dimension=4, entities={"node": {"num_partitions": parts}},
-                          relations=[{"name": "all", "lhs": "node", "rhs": "node",
-                                      "operator": "diagonal"}])
-        write_checkpoint(cfg, {("node", p): emb[m] for p, m in enumerate(members)}, ["all"],
-                         params={"rhs_operators.0.diagonal": torch.tensor([1.0, -1, 2, 0.5])})
+        write_graph(
+            root,
+            {"node": [[names[i] for i in m] for m in members]},
+            ["all"],
+            {"train": [("e0", "all", "e1")]},
+            dynamic=False,
+        )
+        cfg = make_config(
+            root,
+            dimension=4,
+            entities={"node": {"num_partitions": parts}},
+            relations=[{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
+        )
+        write_checkpoint(
+            cfg,
+            {("node", p): emb[m] for p, m in enumerate(members)},
+            ["all"],
+            params={"rhs_operators.0.diagonal": torch.tensor([1.0, -1, 2, 0.5])},
+        )
         model = bigembed.load(cfg.checkpoint_path)
-        results.append((model.predict("e4", "all", k=10), model.similar("e2", k=10),
-                        model.predict("e4", "all", k=10, filtered=True)))
+        results.append(
+            (
+                model.predict("e4", "all", k=10),
+                model.similar("e2", k=10),
+                model.predict("e4", "all", k=10, filtered=True),
+            )
+        )
     for a, b in zip(*results, strict=True):
         assert [p.name for p in a] == [p.name for p in b]
         np.testing.assert_allclose([p.score for p in a], [p.score for p in b], rtol=1e-6)
@@ -133,3 +152,57 @@ def test_import_bigembed_stays_cheap() -> None:
     code = "import sys, bigembed; print('torch' in sys.modules); print(callable(bigembed.load))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5, True, "3", None])
+def test_k_must_be_a_positive_integer(ring, k) -> None:
+    _, edges, model = ring
+    h, r, _ = edges[0]
+    for call in (lambda: model.predict(h, r, k=k), lambda: model.similar(h, k=k)):
+        with pytest.raises(QueryError, match="k must be a positive integer") as info:
+            call()
+        assert isinstance(info.value, BigembedError) and isinstance(info.value, ValueError)
+    assert len(model.predict(h, r, k=np.int64(2))) == 2  # numpy integers are integers
+
+
+@pytest.mark.parametrize("k", ["0", "-3"])
+def test_cli_k_is_checked_once_by_the_api(ring, capsys, k: str) -> None:
+    cfg, edges, _ = ring
+    h, r, _ = edges[0]
+    for argv in (
+        ["predict", cfg.checkpoint_path, "--lhs", h, "--rel", r, "-k", k],
+        ["similar", cfg.checkpoint_path, h, "-k", k],
+    ):
+        assert cli_main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no partial output
+        err = captured.err.strip().splitlines()
+        assert err == [f"bigembed {argv[0]}: error: k must be a positive integer, got {int(k)}"]
+
+
+@pytest.mark.parametrize("name", [0, 3.5, None, b"n1"])
+def test_entity_names_must_be_strings(ring, name) -> None:
+    _, edges, model = ring
+    _, r, t = edges[0]
+    calls = [
+        lambda: model.similar(name),
+        lambda: model.predict(name, r),
+        lambda: model.score(name, r, t),
+        lambda: model.vector(name),
+    ]
+    for call in calls:
+        with pytest.raises(QueryError, match="entity names are strings"):
+            call()
+
+
+def test_relations_are_names_or_ids(ring) -> None:
+    _, edges, model = ring
+    h, r, t = edges[0]
+    rid = model.relation_names.index(r)
+    assert model.predict(h, rid, k=3) == model.predict(h, r, k=3)
+    np.testing.assert_array_equal(model.score(h, np.int64(rid), t), model.score(h, r, t))
+    for bad in (True, 1.0, None):
+        with pytest.raises(QueryError, match="a relation is a name"):
+            model.predict(h, bad)
+    with pytest.raises(UnknownNameError, match="out of range"):
+        model.predict(h, len(model.relation_names))

@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bigembed.errors import OutputExistsError
+
 
 def _read_umask() -> int:
     mask = os.umask(0)
@@ -103,23 +105,35 @@ def fsync_tree(root: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(final: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    final: str | os.PathLike[str], *, force: bool = False, marker: str | None = None
+) -> Iterator[Path]:
     """Build a directory under a temporary name and publish it at ``final`` only on success.
 
-    With ``force`` an existing ``final`` is replaced (moved aside, then removed after the new
-    one is in place). On any error the temporary directory is removed and ``final`` is left as
-    it was.
+    With ``marker`` (an output kind of :mod:`bigembed.output_paths`) the new directory is
+    written with bigembed's marker file, and ``force`` replaces an existing ``final`` only if
+    it carries the same marker (checked again just before the swap). Without ``marker``,
+    ``force`` replaces whatever is there: callers that take user paths pass a marker.
+    The replaced directory is moved aside, then removed after the new one is in place. On any
+    error the temporary directory is removed and ``final`` is left as it was.
     """
+    from bigembed.output_paths import check_replaceable, write_marker
+
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
+        os.chmod(tmp, DIR_MODE)  # mkdtemp makes 0700 directories
+        if marker is not None:
+            write_marker(tmp, marker)
         yield tmp
         fsync_tree(tmp)
         old = None
-        if final.exists():
+        if final.exists() or final.is_symlink():
             if not force:
-                raise FileExistsError(final)
+                raise OutputExistsError(f"{final}: already exists; pass --force to replace it")
+            if marker is not None:
+                check_replaceable(final, marker, force=True)
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
             os.rmdir(old)
             os.replace(final, old)

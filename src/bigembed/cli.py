@@ -3,7 +3,10 @@
 Each subcommand lives in its own module under :mod:`bigembed.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to the function that runs it
 (``func(args) -> int``). User errors (:class:`~bigembed.errors.BigembedError`) are printed as
-one line and give a non-zero exit status; anything else is a bug and keeps its traceback.
+one line and give a non-zero exit status. So are the environment's refusals: an ``OSError``
+(read-only file system, no permission, disk full, a file where a directory belongs: the message
+names the path) and running out of memory (``MemoryError`` or torch's allocator error).
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -32,6 +35,33 @@ COMMAND_MODULES = (
     "plot_cmd",
     "dist_cmd",
 )
+
+
+OUT_OF_MEMORY = (
+    "out of memory (the dimension, entity counts or batch need more than is available: use "
+    "more partitions, a smaller dimension or batch, or check the metadata/config sizes)"
+)
+_ALLOCATION_MARKERS = ("can't allocate memory", "DefaultCPUAllocator", "out of memory")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line naming the file(s) and the reason: ``PATH: No space left on device``."""
+    reason = exc.strerror or _first_line(exc)
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    if names:
+        return f"{' -> '.join(names)}: {reason}"
+    return reason
+
+
+def is_allocation_failure(exc: RuntimeError) -> bool:
+    """torch's way of saying "out of memory" (a RuntimeError, not a MemoryError)."""
+    text = str(exc)
+    return any(marker in text for marker in _ALLOCATION_MARKERS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,13 +94,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BigembedError as exc:
         print(f"bigembed {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the environment, not a bug: read-only, no permission, disk full...
+        if isinstance(exc, BrokenPipeError):  # `bigembed ... | head`: the reader left
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+        print(f"bigembed {args.command}: error: {os_error_message(exc)}", file=sys.stderr)
+        return BigembedError.exit_code
+    except MemoryError:
+        print(f"bigembed {args.command}: error: {OUT_OF_MEMORY}", file=sys.stderr)
+        return BigembedError.exit_code
+    except RuntimeError as exc:
+        if not is_allocation_failure(exc):
+            raise
+        print(
+            f"bigembed {args.command}: error: {OUT_OF_MEMORY} ({_first_line(exc)})", file=sys.stderr
+        )
+        return BigembedError.exit_code
     except KeyboardInterrupt:
         print(f"bigembed {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `bigembed ... | head`: the reader left; not an error of ours
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

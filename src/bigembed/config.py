@@ -7,7 +7,9 @@ in the direction of failing early with a clear message instead of crashing mid-r
 * operators are validated at load time (PBG waits for model build);
 * checks PBG only makes at runtime (same-side partition counts, ``global_emb`` with dynamic
   relations, even dimensions for ``complex_diagonal``, N3 with ``linear``/``affine``) run here;
-* ``featurized`` entities are rejected (not supported by bigembed yet).
+* ``featurized`` entities, ``num_gpus > 0`` and ``half_precision`` are rejected (CPU only,
+  no feature bags); PBG's partition-server tuning keys are accepted and ignored, with a warning
+  when changed. :data:`PBG_DIFFERENCES` lists every key that behaves differently.
 
 bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout`` (see their
 descriptions). Value parsing lives in :mod:`bigembed.config_types`; file reading, ``-p``
@@ -63,7 +65,47 @@ __all__ = [
     "format_config_keys",
     "load_config",
     "parse_config_dict",
+    "pbg_status",
 ]
+
+FEATURIZED_MESSAGE = (
+    "featurized entities are not supported by bigembed (an embedding-bag model over feature "
+    "ids); precompute feature-based embeddings and start from them with init_path, or import "
+    "the features as entities of their own linked by a relation"
+)
+NUM_GPUS_MESSAGE = (
+    "bigembed trains on CPU only (no GPU support); set num_gpus: 0 and use workers for CPU "
+    "parallelism"
+)
+HALF_PRECISION_MESSAGE = (
+    "PBG's fp16 GPU matmuls are not supported (bigembed trains on CPU only); set "
+    "half_precision: false and use compute_dtype: bfloat16 for reduced-precision compute"
+)
+#: PBG keys bigembed accepts and ignores (a changed value warns), with the reason.
+IGNORED_KEYS: dict[str, str] = {
+    "num_groups_for_partition_server": "bigembed sends each partition in one gloo transfer",
+    "num_groups_per_sharded_partition_server": "bigembed has no sharded partition-server mode",
+    "partition_shard_size": "bigembed has no sharded partition-server mode",
+}
+#: Every PBG key whose behaviour in bigembed differs from PBG's, with how (see
+#: docs/pbg_compatibility.md); ``bigembed config keys`` marks them.
+PBG_DIFFERENCES: dict[str, str] = {
+    "entities.TYPE.featurized": "true is refused (featurized entities are not supported)",
+    "init_scale": "independent N(0,1) samples seeded by (seed, type, partition); PBG tiles one "
+    "random block",
+    "checkpoint_preservation_interval": "snapshots are hard links in epoch_N/ (PBG: symlinks)",
+    "batch_size": "any value works (PBG needs a multiple of num_batch_negs)",
+    "num_uniform_negs": "by default the whole batch shares one draw (see uniform_negs_group); "
+    "PBG draws per chunk of num_batch_negs",
+    "hogwild_delay": "applied as documented (PBG applies it by machine rank: never on one machine)",
+    "num_groups_for_partition_server": "accepted and ignored (warns if changed)",
+    "num_groups_per_sharded_partition_server": "accepted and ignored (warns if changed)",
+    "partition_shard_size": "accepted and ignored (warns if changed)",
+    "num_gpus": "values > 0 are refused (CPU only)",
+    "half_precision": "true is refused (use compute_dtype: bfloat16)",
+}
+#: Keys PBG does not have.
+BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
@@ -91,7 +133,7 @@ class EntitySchema(BaseModel):
     featurized: Bool = Field(
         default=False,
         description="PBG: each entity is a bag of features (embedding = mean of feature "
-        "embeddings). Not supported by bigembed yet: must be false.",
+        "embeddings). Not supported by bigembed: must be false (see docs/pbg_compatibility.md).",
     )
     dimension: Int | None = Field(
         default=None,
@@ -105,9 +147,7 @@ class EntitySchema(BaseModel):
     @classmethod
     def _no_featurized(cls, value: bool) -> bool:
         if value:
-            raise PydanticCustomError(
-                "unsupported", "featurized entities are not supported by bigembed yet"
-            )
+            raise PydanticCustomError("unsupported", FEATURIZED_MESSAGE)
         return value
 
 
@@ -300,24 +340,32 @@ class ConfigSchema(BaseModel):
     num_groups_for_partition_server: Int = Field(
         default=16,
         ge=1,
-        description="Process groups used to stripe partition transfers.",
+        description="PBG: gloo groups striping partition transfers. Accepted for PBG "
+        "compatibility and ignored (bigembed's transfers need no striping); warns if changed.",
     )
     num_groups_per_sharded_partition_server: Int = Field(
         default=1,
         ge=1,
-        description="Data groups per partition server in sharded mode (servers > machines).",
+        description="PBG: data groups per partition server in sharded mode. Accepted for PBG "
+        "compatibility and ignored (no sharded mode); warns if changed.",
     )
     partition_shard_size: Int = Field(
-        default=250, gt=0, description="Shard size in MiB in sharded partition-server mode."
+        default=250,
+        gt=0,
+        description="PBG: shard size in MiB in sharded partition-server mode. Accepted for PBG "
+        "compatibility and ignored (partitions move whole); warns if changed.",
     )
 
     # ---- GPU
     num_gpus: Int = Field(
-        default=0, ge=0, description="GPUs to train on (accepted; GPU training lands later)."
+        default=0,
+        ge=0,
+        description="PBG: GPUs to train on. bigembed trains on CPU only: must be 0.",
     )
     half_precision: Bool = Field(
         default=False,
-        description="fp16 comparator matmuls on GPU (accepted; GPU training lands later).",
+        description="PBG: fp16 comparator matmuls on GPU. Not supported: must be false; use "
+        "compute_dtype: bfloat16 for reduced-precision compute on CPU.",
     )
 
     # ---- bigembed-only
@@ -345,6 +393,20 @@ class ConfigSchema(BaseModel):
     )
 
     _norm = model_validator(mode="before")(_mixed_case_to_snake)
+
+    @field_validator("num_gpus")
+    @classmethod
+    def _no_gpus(cls, value: int) -> int:
+        if value > 0:
+            raise PydanticCustomError("unsupported", NUM_GPUS_MESSAGE)
+        return value
+
+    @field_validator("half_precision")
+    @classmethod
+    def _no_half_precision(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError("unsupported", HALF_PRECISION_MESSAGE)
+        return value
 
     @field_validator("entities")
     @classmethod
@@ -481,10 +543,27 @@ def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
 def config_warnings(cfg: ConfigSchema) -> list[str]:
     """Settings that are accepted but deserve a warning, as ``key: message`` lines."""
     out: list[str] = []
-    if cfg.num_gpus > 0:
-        out.append("num_gpus: GPU training lands in a later bigembed version; training runs on CPU")
-    if cfg.half_precision:
-        out.append("half_precision: GPU training lands in a later bigembed version; ignored")
+    for key, reason in IGNORED_KEYS.items():
+        default = ConfigSchema.model_fields[key].default
+        value = getattr(cfg, key)
+        if value != default:
+            out.append(
+                f"{key}: {value} is accepted for PBG compatibility and ignored ({reason}); "
+                f"remove it or set it to the default {default}"
+            )
+    if (
+        cfg.num_machines > 1
+        and cfg.bucket_order != ConfigSchema.model_fields["bucket_order"].default
+    ):
+        out.append(
+            f"bucket_order: {cfg.bucket_order} is ignored with num_machines > 1 (the lock server "
+            "chooses the buckets, as in PBG)"
+        )
+    if cfg.num_machines == 1 and cfg.num_partition_servers > 0:
+        out.append(
+            "num_partition_servers: ignored with num_machines: 1 (partition servers only serve "
+            "distributed runs)"
+        )
     if cfg.background_io:
         out.append("background_io: deprecated and has no effect")
     if cfg.loss_fn == "logistic" and cfg.comparator == "cos":
@@ -564,6 +643,25 @@ def config_keys() -> list[tuple[str, str, str, str]]:
     )
 
 
+def pbg_status(key: str) -> str:
+    """How ``key`` compares with PBG: ``same``, ``differs`` or ``new`` (bigembed only)."""
+    if key in PBG_DIFFERENCES:
+        return "differs"
+    return "new" if key in BIGEMBED_ONLY_KEYS else "same"
+
+
 def format_config_keys() -> str:
-    """A plain-text table of every key (the help text PBG users expect)."""
-    return format_table(config_keys(), ("key", "type", "default", "description"))
+    """A plain-text table of every key (the help text PBG users expect), with a ``pbg`` column
+    and, after the table, how each ``differs`` key differs from PBG."""
+    rows = [(k, t, d, pbg_status(k), text) for k, t, d, text in config_keys()]
+    table = format_table(rows, ("key", "type", "default", "pbg", "description"))
+    notes = [f"  {key}: {how}" for key, how in PBG_DIFFERENCES.items()]
+    return "\n".join(
+        [
+            table,
+            "",
+            "pbg: same = as in PyTorch-BigGraph, differs = see below, new = bigembed only.",
+            "Keys that behave differently from PBG (docs/pbg_compatibility.md):",
+            *notes,
+        ]
+    )

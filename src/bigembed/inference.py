@@ -62,6 +62,7 @@ def open_entity_store(
     """
     path = Path(entity_path) if entity_path is not None else Path(trained.config.entity_path)
     store = EntityStore(path)
+    trained.check_import(store)
     for etype in trained.config.entities:
         if etype not in store.entity_types:
             raise InputError(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +58,24 @@ class UnknownNameError(InputError, KeyError):
     __str__ = Exception.__str__  # KeyError would quote the message
 
 
+class QueryError(InputError, ValueError):
+    """A query argument of the wrong kind: ``k``, ``side``, ``metric``, a name that is not a
+    string (a ValueError too, for API users)."""
+
+
+def check_k(k: object) -> int:
+    """``k`` as an int, or :class:`QueryError` unless it is a positive integer."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise QueryError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise QueryError(f"entity names are strings, got {name!r} ({type(name).__name__})")
+    return name
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One ranked entity: its name, its score (higher is better) and its type."""
@@ -67,8 +85,12 @@ class Prediction:
     type: str
 
 
-def load(checkpoint_dir: str | os.PathLike[str], entity_path: str | os.PathLike[str] | None = None,
-         *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> EmbeddingModel:
+def load(
+    checkpoint_dir: str | os.PathLike[str],
+    entity_path: str | os.PathLike[str] | None = None,
+    *,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+) -> EmbeddingModel:
     """Open the last checkpoint in ``checkpoint_dir`` for queries.
 
     ``entity_path`` (the names) defaults to the one in the checkpoint's config. Embeddings are
@@ -97,8 +119,10 @@ class EmbeddingModel:
 
     def __repr__(self) -> str:
         types = ", ".join(f"{t}: {self.tables.total(t):,}" for t in self.entity_types)
-        return (f"EmbeddingModel({str(self.trained.path)!r}, version {self.trained.version}, "
-                f"entities {{{types}}}, {len(self._relations)} relation(s))")
+        return (
+            f"EmbeddingModel({str(self.trained.path)!r}, version {self.trained.version}, "
+            f"entities {{{types}}}, {len(self._relations)} relation(s))"
+        )
 
     # ------------------------------------------------------------------ what is there
     @property
@@ -139,15 +163,24 @@ class EmbeddingModel:
 
     def vectors(self, names: Sequence[str], type: str | None = None) -> np.ndarray:
         """:meth:`vector` of many names of one type, as a ``(len(names), dim)`` array."""
-        etype = self._check_type(type) if type is not None or len(self.entity_types) == 1 \
+        etype = (
+            self._check_type(type)
+            if type is not None or len(self.entity_types) == 1
             else self._type_of(names[0], None)
+        )
         ids = self._ids(etype, names)
         with torch.no_grad():
             return self.tables.adjusted(etype, self.tables.gather(etype, ids)).numpy()
 
     @torch.no_grad()
-    def score(self, lhs: str | Sequence[str], rel: str | int | Sequence[str | int],
-              rhs: str | Sequence[str], *, side: str = "both") -> np.ndarray:
+    def score(
+        self,
+        lhs: str | Sequence[str],
+        rel: str | int | Sequence[str | int],
+        rhs: str | Sequence[str],
+        *,
+        side: str = "both",
+    ) -> np.ndarray:
         """Scores of edges ``(lhs[i], rel[i], rhs[i])``; single values broadcast.
 
         ``side``: "rhs" = the score used to rank tails, "lhs" = the one used to rank heads,
@@ -157,11 +190,14 @@ class EmbeddingModel:
         array([3.1, -0.4], dtype=float32)
         """
         if side not in ("lhs", "rhs", "both"):
-            raise ValueError(f"side must be 'lhs', 'rhs' or 'both', not {side!r}")
+            raise QueryError(f"side must be 'lhs', 'rhs' or 'both', not {side!r}")
         lhs_l, rel_l, rhs_l = _broadcast(lhs, rel, rhs)
         rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
-        sides = ("rhs",) if not self.model.dynamic or side == "rhs" else \
-            (("lhs",) if side == "lhs" else ("lhs", "rhs"))
+        sides = (
+            ("rhs",)
+            if not self.model.dynamic or side == "rhs"
+            else (("lhs",) if side == "lhs" else ("lhs", "rhs"))
+        )
         total = np.zeros(len(rel_ids), np.float32)
         for s in sides:
             given, wanted = (lhs_l, rhs_l) if s == "rhs" else (rhs_l, lhs_l)
@@ -177,10 +213,15 @@ class EmbeddingModel:
 
     # ------------------------------------------------------------------ link prediction
     @torch.no_grad()
-    def predict(self, entity: str | Sequence[str], rel: str | int | Sequence[str | int],
-                k: int = 10, *, side: str = "rhs",
-                filtered: bool | Sequence[str | os.PathLike[str]] = False,
-                ) -> list[Prediction] | list[list[Prediction]]:
+    def predict(
+        self,
+        entity: str | Sequence[str],
+        rel: str | int | Sequence[str | int],
+        k: int = 10,
+        *,
+        side: str = "rhs",
+        filtered: bool | Sequence[str | os.PathLike[str]] = False,
+    ) -> list[Prediction] | list[list[Prediction]]:
         """The ``k`` best completions of ``(entity, rel, ?)`` (``side="rhs"``, the default) or
         of ``(?, rel, entity)`` (``side="lhs"``), against every entity of the type.
 
@@ -192,7 +233,8 @@ class EmbeddingModel:
         ['france']
         """
         if side not in ("lhs", "rhs"):
-            raise ValueError(f"side must be 'lhs' or 'rhs', not {side!r}")
+            raise QueryError(f"side must be 'lhs' or 'rhs', not {side!r}")
+        k = check_k(k)
         single = isinstance(entity, str)
         given_l, rel_l, _ = _broadcast(entity, rel, "")
         rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
@@ -201,12 +243,16 @@ class EmbeddingModel:
         for ridx, rows in self._by_relation(rel_ids):
             d = direction(self.model, side, ridx)
             given = self._ids(d.source_type, [given_l[i] for i in rows])
-            anchors = d.anchors(self.tables.gather(d.source_type, given),
-                                torch.from_numpy(rel_ids[rows]))
+            anchors = d.anchors(
+                self.tables.gather(d.source_type, given), torch.from_numpy(rel_ids[rows])
+            )
             exclude = None
             if known is not None:
-                exclude = known.true_tails(given, rel_ids[rows]) if side == "rhs" else \
-                    known.true_heads(given, rel_ids[rows])
+                exclude = (
+                    known.true_tails(given, rel_ids[rows])
+                    if side == "rhs"
+                    else known.true_heads(given, rel_ids[rows])
+                )
             top = self._search(anchors, d.target_type, k, d.candidates, self._pairwise, exclude)
             for row, best in zip(rows, top, strict=True):
                 results[row] = self._predictions(d.target_type, best)
@@ -214,8 +260,15 @@ class EmbeddingModel:
 
     # ------------------------------------------------------------------ nearest neighbours
     @torch.no_grad()
-    def similar(self, name: str, k: int = 10, *, type: str | None = None, metric: str = "cos",
-                use_faiss: bool = False) -> list[Prediction]:
+    def similar(
+        self,
+        name: str,
+        k: int = 10,
+        *,
+        type: str | None = None,
+        metric: str = "cos",
+        use_faiss: bool = False,
+    ) -> list[Prediction]:
         """The ``k`` entities of the same type whose vectors are closest to ``name``'s.
 
         ``metric``: "cos" (cosine similarity), "dot" (inner product) or "l2" (score = minus the
@@ -228,8 +281,9 @@ class EmbeddingModel:
         ['paris', 'lyon', 'marseille']
         """
         if metric not in METRICS:
-            raise ValueError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
-        etype = self._type_of(name, type)
+            raise QueryError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
+        k = check_k(k)
+        etype = self._type_of(_check_name(name), type)
 
         def prep(x: Tensor) -> Tensor:
             x = self.tables.adjusted(etype, x)
@@ -258,8 +312,15 @@ class EmbeddingModel:
             for b0 in range(0, hi - lo, block):
                 yield lo + b0, table[b0 : b0 + block]
 
-    def _search(self, anchors: Tensor, etype: str, k: int, prepare, score_fn,
-                exclude: tuple[np.ndarray, np.ndarray] | None) -> list[list[tuple[int, float]]]:
+    def _search(
+        self,
+        anchors: Tensor,
+        etype: str,
+        k: int,
+        prepare,
+        score_fn,
+        exclude: tuple[np.ndarray, np.ndarray] | None,
+    ) -> list[list[tuple[int, float]]]:
         top = RunningTopK(anchors.shape[0], k)
         for g0, rows in self._blocks(etype, anchors.shape[0]):
             scores = score_fn(anchors, prepare(rows)).float()
@@ -272,8 +333,9 @@ class EmbeddingModel:
             top.push(scores, torch.arange(g0, g1))
         return top.result()
 
-    def _search_faiss(self, query: Tensor, etype: str, k: int, prepare, kind: str
-                      ) -> list[list[tuple[int, float]]]:
+    def _search_faiss(
+        self, query: Tensor, etype: str, k: int, prepare, kind: str
+    ) -> list[list[tuple[int, float]]]:
         top = RunningTopK(query.shape[0], k)
         for g0, rows in self._blocks(etype, query.shape[0]):
             scores, offsets = faiss_topk(query.numpy(), prepare(rows).numpy(), k, kind)
@@ -286,8 +348,10 @@ class EmbeddingModel:
 
     def _predictions(self, etype: str, best: list[tuple[int, float]]) -> list[Prediction]:
         names = self._names_of(etype, np.array([i for i, _ in best], dtype=np.int64))
-        return [Prediction(n, float(s) + 0.0, etype)  # + 0.0: no -0.0 in output
-                for n, (_, s) in zip(names, best, strict=True)]
+        return [
+            Prediction(n, float(s) + 0.0, etype)  # + 0.0: no -0.0 in output
+            for n, (_, s) in zip(names, best, strict=True)
+        ]
 
     # ------------------------------------------------------------------ names <-> ids
     def _check_type(self, type: str | None) -> str:
@@ -297,27 +361,33 @@ class EmbeddingModel:
             types = ", ".join(self.entity_types)
             raise InputError(f"the model has several entity types ({types}); pass type=")
         if type not in self.trained.config.entities:
-            raise UnknownNameError(f"unknown entity type {type!r} (known: "
-                                   f"{', '.join(self.entity_types)})")
+            raise UnknownNameError(
+                f"unknown entity type {type!r} (known: {', '.join(self.entity_types)})"
+            )
         return type
 
     def _type_of(self, name: str, type: str | None) -> str:
+        _check_name(name)
         if type is not None or len(self.entity_types) == 1:
             return self._check_type(type)
         found = [t for t in self.entity_types if self.store.offset_of(t, name) is not None]
         if not found:
             raise UnknownNameError(f"unknown entity {name!r} (no entity type has it)")
         if len(found) > 1:
-            raise InputError(f"entity {name!r} exists in several types ({', '.join(found)}); "
-                             f"pass type=")
+            raise InputError(
+                f"entity {name!r} exists in several types ({', '.join(found)}); pass type="
+            )
         return found[0]
 
     def _ids(self, etype: str, names: Sequence[str]) -> np.ndarray:
+        for name in names:
+            _check_name(name)
         parts, offsets = self.store.lookup(etype, list(names))
         if (parts < 0).any():
             bad = names[int(np.flatnonzero(parts < 0)[0])]
-            raise UnknownNameError(f"unknown entity {bad!r} (not among the {etype!r} names of "
-                                   f"{self.store.path})")
+            raise UnknownNameError(
+                f"unknown entity {bad!r} (not among the {etype!r} names of {self.store.path})"
+            )
         return self.tables.bases(etype)[parts] + offsets
 
     def _names_of(self, etype: str, ids: np.ndarray) -> list[str]:
@@ -332,17 +402,23 @@ class EmbeddingModel:
         return out
 
     def _relation_id(self, rel: str | int) -> int:
-        if isinstance(rel, (int, np.integer)):
+        if isinstance(rel, (int, np.integer)) and not isinstance(rel, bool):
             if not 0 <= int(rel) < len(self._relations):
                 raise UnknownNameError(
-                    f"relation id {rel} out of range (0..{len(self._relations) - 1})")
+                    f"relation id {rel} out of range (0..{len(self._relations) - 1})"
+                )
             return int(rel)
+        if not isinstance(rel, str):
+            raise QueryError(
+                f"a relation is a name (str) or an id (int), got {rel!r} ({type(rel).__name__})"
+            )
         rid = self._relation_ids.get(rel)
         if rid is None:
             sample = ", ".join(repr(r) for r in self._relations[:5])
             more = ", ..." if len(self._relations) > 5 else ""
-            raise UnknownNameError(f"unknown relation {rel!r} (the model has "
-                                   f"{len(self._relations)}: {sample}{more})")
+            raise UnknownNameError(
+                f"unknown relation {rel!r} (the model has {len(self._relations)}: {sample}{more})"
+            )
         return rid
 
     def _by_relation(self, rel_ids: np.ndarray):
@@ -356,16 +432,18 @@ class EmbeddingModel:
     def _known_edges(self, filtered) -> KnownEdges | None:
         if filtered is False or filtered is None:
             return None
-        paths = tuple(self.config.edge_paths) if filtered is True else \
-            tuple(str(p) for p in filtered)
+        paths = (
+            tuple(self.config.edge_paths) if filtered is True else tuple(str(p) for p in filtered)
+        )
         if paths not in self._known:
             from bigembed.eval.edge_input import EdgeLoader
             from bigembed.eval.ranking import EvalEdges
 
             loader = EdgeLoader(self.trained, entity_path=self.store.path)
             edges = EvalEdges.concat([loader.load(p).edges for p in paths])
-            self._known[paths] = KnownEdges(edges.lhs, edges.rel, edges.rhs,
-                                            self.model.num_relations)
+            self._known[paths] = KnownEdges(
+                edges.lhs, edges.rel, edges.rhs, self.model.num_relations
+            )
         return self._known[paths]
 
 
@@ -382,7 +460,10 @@ def _similarity(metric: str):
 
 def _broadcast(*values) -> list[list]:
     """Lists of equal length from single values and sequences."""
-    lists = [[v] if isinstance(v, (str, int, np.integer)) else list(v) for v in values]
+    lists = [
+        [v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else list(v)
+        for v in values
+    ]
     n = max(len(v) for v in lists)
     out = []
     for v in lists:
@@ -398,8 +479,14 @@ def _broadcast(*values) -> list[list]:
 # ---------------------------------------------------------------------- demo helper
 
 
-def example_predictions(model: EmbeddingModel, n: int = 5, *, edge_path: str | Path | None = None,
-                        k: int = 3, seed: int = 0) -> str:
+def example_predictions(
+    model: EmbeddingModel,
+    n: int = 5,
+    *,
+    edge_path: str | Path | None = None,
+    k: int = 3,
+    seed: int = 0,
+) -> str:
     """A few example tail predictions with names, as text for people to read.
 
     Draws ``n`` edges from ``edge_path`` (an edge path or edge file; default: the config's
@@ -429,6 +516,7 @@ def example_predictions(model: EmbeddingModel, n: int = 5, *, edge_path: str | P
         for j, p in enumerate(model.predict(head, rid, k=k), start=1):
             mark = " *" if p.name == tail else ""
             lines.append(f"      {j}. {p.name}  ({p.score:.3f}){mark}")
-        lines.append(f"      true tail {tail}: rank {int(ranks.raw[i]):,} of "
-                     f"{int(ranks.candidates[i]):,}")
+        lines.append(
+            f"      true tail {tail}: rank {int(ranks.raw[i]):,} of {int(ranks.candidates[i]):,}"
+        )
     return "\n".join(lines)

@@ -16,8 +16,9 @@ import torch
 
 from bigembed.config import ConfigSchema, parse_config_dict
 from bigembed.errors import CheckpointError
+from bigembed.graph.entities import EntityStore
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.checkpoint import CheckpointStore
+from bigembed.train.checkpoint import CheckpointStore, check_same_import, npy_header
 
 
 @dataclass
@@ -28,6 +29,11 @@ class TrainedModel:
     model: ScoringModel
     entity_counts: dict[tuple[str, int], int]
     relation_names: list[str]
+    import_id: str | None = None  # which import of the entity path it was trained on
+
+    def check_import(self, entities: EntityStore) -> None:
+        """Refuse an entity store from another import than the one this model was trained on."""
+        check_same_import(self.path, self.import_id, entities.import_id, entities.path)
 
     @property
     def store(self) -> CheckpointStore:
@@ -58,20 +64,47 @@ class TrainedModel:
 
 
 def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
-    """Open the last committed version of a checkpoint directory."""
+    """Open the last committed version of a checkpoint directory.
+
+    The metadata is checked against the files it describes before anything is allocated: each
+    partition's ``.npy`` header must give ``(entity count, dimension)``, and every model
+    parameter's shape (computed on the meta device, which allocates nothing) must match the
+    model file's. A metadata file claiming a huge dimension or count is refused with one line
+    naming it instead of trying to allocate terabytes.
+    """
     store = CheckpointStore(path)
-    if not store.path.is_dir():
-        raise CheckpointError(f"{store.path}: no such checkpoint directory")
-    version = store.committed_version()
-    if version <= 0:
-        raise CheckpointError(
-            f"{store.path}: no complete checkpoint (checkpoint_version.txt missing)"
-        )
+    version = store.require_committed()
     meta = store.load_metadata(version)
-    config = parse_config_dict(meta["config"], source=str(store.metadata_path(version)))
-    num_rel = int(meta.get("num_relations", len(config.relations)))
-    model = ScoringModel(config, num_rel if config.dynamic_relations else 0)
-    payload = store.load_model(version)
+    meta_path = store.metadata_path(version)
+    if not isinstance(meta.get("config"), dict):
+        raise CheckpointError(f"{meta_path}: corrupt metadata (no 'config' object)")
+    config = parse_config_dict(meta["config"], source=str(meta_path))
+    try:
+        num_rel = int(meta.get("num_relations", len(config.relations)))
+        counts = {}
+        for key, count in dict(meta.get("entity_counts", {})).items():
+            etype, _, part = str(key).rpartition("_")
+            counts[(etype, int(part))] = int(count)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{meta_path}: corrupt metadata ({exc})") from None
+    if num_rel < 0 or any(c < 0 for c in counts.values()):
+        raise CheckpointError(f"{meta_path}: corrupt metadata (negative count)")
+    for (etype, part), count in counts.items():
+        if etype in config.entities:
+            epath = store.embeddings_path(etype, part, version)
+            shape, _dtype = npy_header(epath)
+            want = (count, config.entity_dimension(etype))
+            if shape != want:
+                raise CheckpointError(
+                    f"{meta_path}: says partition {part} of '{etype}' is {want} (entities, "
+                    f"dimension) but {epath.name} holds {shape}"
+                )
+    payload = store.load_model(version, mmap=True)
+    dynamic = num_rel if config.dynamic_relations else 0
+    with torch.device("meta"):
+        skeleton = ScoringModel(config, dynamic)
+    _check_shapes(skeleton, payload["model"], meta_path, store.model_path(version))
+    model = ScoringModel(config, dynamic)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
@@ -79,15 +112,28 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
             f"{store.model_path(version)}: does not fit its config: {exc}"
         ) from None
     model.eval()
-    counts = {}
-    for key, count in meta.get("entity_counts", {}).items():
-        etype, _, part = key.rpartition("_")
-        counts[(etype, int(part))] = int(count)
-    for etype, part in counts:
-        if etype in config.entities and not store.has_partition(etype, part, version):
-            raise CheckpointError(
-                f"{store.embeddings_path(etype, part, version)}: missing (incomplete checkpoint?)"
-            )
+    recorded = meta.get("import_id")
     return TrainedModel(
-        store.path, version, config, model, counts, list(meta.get("relation_names", []))
+        store.path,
+        version,
+        config,
+        model,
+        counts,
+        list(meta.get("relation_names", [])),
+        recorded if isinstance(recorded, str) else None,
     )
+
+
+def _check_shapes(
+    skeleton: torch.nn.Module, saved: dict[str, object], meta_path: Path, model_path: Path
+) -> None:
+    """The config's parameter shapes (``skeleton`` lives on the meta device) against the file."""
+    want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    for key, shape in want.items():
+        tensor = saved.get(key)
+        have = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
+        if have != shape:
+            raise CheckpointError(
+                f"{meta_path}: its config gives parameter {key!r} the shape {shape} but "
+                f"{model_path.name} holds {have}"
+            )

@@ -2,7 +2,8 @@
 
 ``bigembed config show CONFIG [-p KEY=VALUE ...] [--format yaml|json]`` validates the config,
 applies the overrides and prints it with every default filled in (the exact config a run uses).
-``bigembed config keys`` prints the table of all keys, their types, defaults and meanings.
+``bigembed config keys`` prints the table of all keys, their types, defaults and meanings, with
+a ``pbg`` column (same / differs / new) and, below it, how each ``differs`` key differs from PBG.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def register(subparsers: Any) -> None:
     keys = sub.add_parser(
         "keys",
         help="print every config key with its type, default and meaning",
-        description="Print every config key with its type, default and meaning.",
+        description="Print every config key with its type, default, meaning and how it "
+        "compares with PyTorch-BigGraph (pbg column: same, differs or new; the differences are "
+        "listed after the table and in docs/pbg_compatibility.md).",
     )
     keys.set_defaults(func=_keys)

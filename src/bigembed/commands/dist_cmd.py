@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from bigembed.config import add_config_arguments, config_from_args
+from bigembed.dist.auth import add_security_arguments, apply_security_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--nproc", type=int, default=None,
                    help="number of trainer ranks (default: num_machines of the config)")
     p.add_argument("--progress", action="store_true", help="progress bars of rank 0")
+    add_security_arguments(p)
     p.set_defaults(func=run_launch)
 
     s = subparsers.add_parser(
@@ -35,12 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(s)
     s.add_argument("--rank", type=int, required=True, help="index of this partition server")
+    add_security_arguments(s)
     s.set_defaults(func=run_partition_server)
 
 
 def run_launch(args: argparse.Namespace) -> int:
     from bigembed.dist.launcher import launch
 
+    apply_security_arguments(args)
     return launch(args.config, args.param or [], args.nproc, progress=args.progress)
 
 
@@ -48,6 +52,7 @@ def run_partition_server(args: argparse.Namespace) -> int:
     from bigembed.dist.launch import serve_partitions
     from bigembed.errors import ConfigError
 
+    apply_security_arguments(args)
     cfg = config_from_args(args)
     if cfg.num_partition_servers <= 0:
         raise ConfigError(

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from bigembed.commands.columns import add_column_arguments
 from bigembed.config import add_config_arguments, config_from_args
-
-
-def _column(value: str) -> int | str:
-    return int(value) if value.lstrip("-").isdigit() else value
 
 
 def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
     """Options for reading edge *files* of names (imported edge paths need none of them)."""
     g = p.add_argument_group("edge files of names (TSV/CSV/Parquet)")
-    g.add_argument("--lhs-col", type=_column, default=0, help="lhs column: index or name (0)")
-    g.add_argument("--rel-col", type=_column, default=1,
-                   help="relation column: index or name (1); -1 = none, every edge is relation 0")
-    g.add_argument("--rhs-col", type=_column, default=2, help="rhs column: index or name (2)")
+    add_column_arguments(g)
     g.add_argument("--header", action="store_true", help="text files start with a header line")
     g.add_argument("--delimiter", help="text field separator (default: tab for .tsv/.txt, comma "
                    "for .csv)")
@@ -32,9 +26,8 @@ def file_options(args: argparse.Namespace):
     from bigembed.eval.edge_input import FileOptions
     from bigembed.graph.inputs import ColumnSpec, TextOptions
 
-    rel = None if args.rel_col == -1 else args.rel_col
     return FileOptions(
-        columns=ColumnSpec(lhs=args.lhs_col, rel=rel, rhs=args.rhs_col),
+        columns=ColumnSpec(lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col),
         text=TextOptions(header=args.header, delimiter=args.delimiter),
         format=args.input_format,
         skip_unknown=args.skip_unknown,
@@ -67,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="full: against all entities of the type (default); sampled: against the "
                    "config's num_batch_negs / num_uniform_negs from the same partition, like PBG")
     p.add_argument("--output", metavar="FILE.json", help="also write the report as JSON here")
+    p.add_argument("--force", action="store_true", help="replace an existing --output report")
     p.add_argument("--entity-path", help="entity names (default: the config's entity_path)")
     p.add_argument("--chunk-size", type=int, default=1024,
                    help="queries scored at once (1024); one block of scores holds at most "
@@ -80,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.eval.report import evaluate_checkpoint
 
     cfg = config_from_args(args)
+    if args.output:  # refused before any work: never over an input, a report only with --force
+        from bigembed.output_paths import check_output_file
+
+        inputs = [args.config, cfg.checkpoint_path, args.entity_path or cfg.entity_path,
+                  *(args.edges or cfg.edge_paths), *(args.filter_edges or [])]
+        check_output_file(args.output, "eval-report", force=args.force, inputs=inputs)
     report = evaluate_checkpoint(
         cfg,
         args.edges,
@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     )
     print(report.table())
     if args.output:
-        report.write_json(args.output)
+        from bigembed.output_paths import writing
+
+        with writing(args.output, "eval report"):
+            report.write_json(args.output)
         print(f"Wrote {args.output}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bigembed.commands.columns import add_column_arguments
 from bigembed.config import add_config_arguments, config_from_args
 from bigembed.graph.importer import ImportOptions, run_import
 from bigembed.graph.inputs import FORMATS, ColumnSpec, TextOptions
@@ -17,14 +18,6 @@ Inputs: .tsv/.txt (tab-separated), .csv, optionally .gz/.bz2/.zst, or .parquet.
 Columns are given by 0-based index or, with --header or Parquet, by name.
 Outputs are published only when complete; bad lines stop the import naming FILE:LINE unless
 --skip-bad-lines."""
-
-
-def _column(value: str) -> int | str:
-    return int(value) if value.lstrip("-").isdigit() else value
-
-
-def _optional_column(value: str) -> int | str | None:
-    return None if value.lower() in ("", "none", "-") else _column(value)
 
 
 def _positive(value: str) -> int:
@@ -48,32 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format", choices=FORMATS, help="input format (default: from the file extension)"
     )
-    parser.add_argument(
-        "-l",
-        "--lhs-col",
-        type=_column,
-        default=0,
-        help="lhs (head) column: index or name (default 0)",
-    )
-    parser.add_argument(
-        "--rel-col",
-        type=_optional_column,
-        default=1,
-        help="relation column: index or name, or 'none' for a single relation (default 1)",
-    )
-    parser.add_argument(
-        "-r",
-        "--rhs-col",
-        type=_column,
-        default=2,
-        help="rhs (tail) column: index or name (default 2)",
-    )
-    parser.add_argument(
-        "--weight-col",
-        type=_optional_column,
-        default=None,
-        help="edge weight column (default: none)",
-    )
+    add_column_arguments(parser, weight=True)
     parser.add_argument(
         "--header", action="store_true", help="text inputs start with a line of column names"
     )

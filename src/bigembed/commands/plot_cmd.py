@@ -6,12 +6,18 @@ import argparse
 from pathlib import Path
 
 from bigembed.errors import CheckpointError
+from bigembed.output_paths import check_output_file, writing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plot", help="draw loss and eval curves of a training run to a PNG")
     p.add_argument("checkpoint_dir", help="a checkpoint directory (checkpoint_path)")
-    p.add_argument("-o", "--output", help="PNG file (default: CHECKPOINT_DIR/training.png)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="PNG file (default: CHECKPOINT_DIR/training.png); an existing file is replaced "
+        "only if it is a PNG image",
+    )
     p.set_defaults(func=run)
 
 
@@ -26,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise CheckpointError(f"{store.path}: no training stats yet (training_stats.json is empty)")
     out = Path(args.output) if args.output else store.path / "training.png"
-    plot_training(records, out)
+    # the default lives in the checkpoint directory: refuse only what plot reads, and replace
+    # only an earlier PNG (never a checkpoint file, a directory or a file of the user's)
+    read = [store.path / "training_stats.json", store.path / "checkpoint_version.txt"]
+    check_output_file(out, "png", force=False, inputs=read)
+    with writing(out, "plot"):
+        plot_training(records, out)
     print(f"Wrote {out}")
     return 0

@@ -19,10 +19,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     given.add_argument("--lhs", help="the known head: predict tails")
     given.add_argument("--rhs", help="the known tail: predict heads")
     p.add_argument("--rel", required=True, help="relation name (or id)")
-    p.add_argument("-k", type=int, default=10, help="how many to print (10)")
-    p.add_argument("--filtered", nargs="*", metavar="EDGES",
-                   help="leave out known true edges: from these edge paths/files, or with no "
-                   "value from the config's edge_paths")
+    p.add_argument("-k", type=int, default=10, help="how many to print (a positive integer, 10)")
+    p.add_argument(
+        "--filtered",
+        nargs="*",
+        metavar="EDGES",
+        help="leave out known true edges: from these edge paths/files, or with no "
+        "value from the config's edge_paths",
+    )
     _common(p)
     p.set_defaults(func=run_predict)
 
@@ -34,10 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     s.add_argument("checkpoint_dir", help="a checkpoint directory (the config's checkpoint_path)")
     s.add_argument("name", help="entity name")
-    s.add_argument("-k", type=int, default=10, help="how many to print (10)")
+    s.add_argument("-k", type=int, default=10, help="how many to print (a positive integer, 10)")
     s.add_argument("--type", help="entity type (needed only when NAME is in several types)")
-    s.add_argument("--metric", choices=("cos", "dot", "l2"), default="cos",
-                   help="similarity: cos (default), dot, or l2 (score = -distance)")
+    s.add_argument(
+        "--metric",
+        choices=("cos", "dot", "l2"),
+        default="cos",
+        help="similarity: cos (default), dot, or l2 (score = -distance)",
+    )
     s.add_argument("--faiss", action="store_true", help="search with FAISS if installed")
     _common(s)
     s.set_defaults(func=run_similar)
@@ -50,16 +58,21 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _print(predictions, args: argparse.Namespace, title: str) -> None:
     if args.json:
-        print(json.dumps([{"rank": i, "name": p.name, "score": p.score, "type": p.type}
-                          for i, p in enumerate(predictions, start=1)], indent=1))
+        print(
+            json.dumps(
+                [
+                    {"rank": i, "name": p.name, "score": p.score, "type": p.type}
+                    for i, p in enumerate(predictions, start=1)
+                ],
+                indent=1,
+            )
+        )
         return
     print(title)
     width = max([len(p.name) for p in predictions] + [4])
     print(f"{'rank':>5}  {'name':<{width}}  score")
     for i, p in enumerate(predictions, start=1):
         print(f"{i:>5}  {p.name:<{width}}  {p.score:.6g}")
-
-
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -74,7 +87,7 @@ def run_predict(args: argparse.Namespace) -> int:
     filtered: bool | list[str] = False
     if args.filtered is not None:
         filtered = args.filtered if args.filtered else True
-    preds = model.predict(entity, rel, k=max(1, args.k), side=side, filtered=filtered)
+    preds = model.predict(entity, rel, k=args.k, side=side, filtered=filtered)
     edge = f"({entity}, {args.rel}, ?)" if side == "rhs" else f"(?, {args.rel}, {entity})"
     what = "tails" if side == "rhs" else "heads"
     note = ", known edges filtered out" if filtered else ""
@@ -86,7 +99,8 @@ def run_similar(args: argparse.Namespace) -> int:
     from bigembed.query import load
 
     model = load(args.checkpoint_dir, args.entity_path)
-    preds = model.similar(args.name, k=max(1, args.k), type=args.type, metric=args.metric,
-                          use_faiss=args.faiss)
+    preds = model.similar(
+        args.name, k=args.k, type=args.type, metric=args.metric, use_faiss=args.faiss
+    )
     _print(preds, args, f"Nearest to {args.name} ({args.metric}):")
     return 0

@@ -4,7 +4,10 @@ Start-up, on every rank (trainer or partition server):
 
 1. connect to the rendezvous store (rank 0 hosts it for tcp://);
 2. announce ``join/RANK`` (a second process claiming the same rank, or a stale file:// store,
-   is refused) and wait up to ``JOIN_FACTOR x distributed_timeout`` for the whole world;
+   is refused) and wait up to ``JOIN_FACTOR x distributed_timeout`` for the whole world; with a
+   shared secret (:mod:`bigembed.dist.auth`) rank 0 instead admits each rank by a
+   challenge-response over its nonce, refusing (and logging) any attempt without a valid proof,
+   and every rank derives the run's session key, which signs the control messages;
 3. start the heartbeat watchdog;
 4. compare configs: every rank publishes its resolved config, and any difference from rank 0's
    stops every rank with a message naming the keys (PBG silently trusts they match);
@@ -20,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -29,6 +33,17 @@ from typing import Any
 import torch.distributed as dist
 
 from bigembed.config import ConfigSchema, config_to_dict
+from bigembed.dist.auth import (
+    MODE_HMAC,
+    MODE_NONE,
+    BadMac,
+    Secret,
+    Session,
+    load_secret,
+    proof_ok,
+    seal,
+    unseal,
+)
 from bigembed.dist.layout import RankLayout
 from bigembed.dist.store import StoreAddress, choose_gloo_interface, is_timeout
 from bigembed.dist.watchdog import Watchdog, exit_now, store_barrier
@@ -75,6 +90,10 @@ class DistContext:
         self.watchdog: Watchdog | None = None
         self.trainer_group: dist.ProcessGroup | None = None
         self.interface: str | None = None
+        secret = load_secret()
+        self.secret = Secret(secret) if secret is not None else None
+        self.session: Session | None = None  # the run's key, once joined with a secret
+        self._nonce = ""  # rank 0's challenge (with a secret)
 
     # ------------------------------------------------------------------ start-up
     def open(self) -> DistContext:
@@ -94,7 +113,13 @@ class DistContext:
         store = self.store = self.address.namespaced(self.raw_store)
         with contextlib.suppress(Exception):  # not every store type has one
             store.set_timeout(timedelta(seconds=self.timeout))
-        self._join(store, world, join_timeout)
+        if self.secret is None and self.address.kind == "tcp" and self.rank == 0:
+            logger.info("no shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE): anybody who "
+                        "can reach %s:%d can join this run", self.address.host, self.address.port)
+        if self._auth_mode(store, join_timeout) == MODE_HMAC:
+            self._join_with_secret(store, world, join_timeout)
+        else:
+            self._join(store, world, join_timeout)
         self.watchdog = Watchdog(
             self.address, self.rank, self.layout, self.timeout, on_fatal=self.on_fatal
         )
@@ -135,17 +160,149 @@ class DistContext:
                     f"({JOIN_FACTOR} x distributed_timeout) at {self.address.method}"
                 )
 
+    # ------------------------------------------------------------------ the shared secret
+    def _wait_key(self, store: dist.Store, key: str, timeout: float, what: str) -> bytes:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                store.wait([key], timedelta(seconds=min(1.0, timeout)))
+                return store.get(key)
+            except Exception as exc:
+                if not is_timeout(exc):
+                    raise PeerError(f"lost the rendezvous store while joining: {exc}") from None
+            if time.monotonic() > deadline:
+                raise PeerError(f"{what} within {timeout:g}s at {self.address.method}")
+
+    def _auth_mode(self, store: dist.Store, timeout: float) -> str:
+        """Rank 0 says whether the run needs the secret; the others check they agree."""
+        mine = MODE_HMAC if self.secret is not None else MODE_NONE
+        if self.rank == 0:
+            if self.secret is not None:
+                self._nonce = secrets.token_hex(32)
+                store.set("auth/nonce", self._nonce)
+            store.set("auth/mode", mine)
+            return mine
+        theirs = self._wait_key(store, "auth/mode", timeout, "rank 0 did not start").decode()
+        if theirs == MODE_HMAC and self.secret is None:
+            raise PeerError(
+                f"the run at {self.address.method} requires the shared secret: set "
+                "BIGEMBED_SECRET or BIGEMBED_SECRET_FILE (or --secret-file) on this rank too"
+            )
+        if theirs != MODE_HMAC and self.secret is not None:
+            raise PeerError(
+                f"rank 0 of the run at {self.address.method} runs without a shared secret but "
+                "this rank has one: set the same secret on every rank (or on none)"
+            )
+        return theirs
+
+    def _join_with_secret(self, store: dist.Store, world: int, timeout: float) -> None:
+        assert self.secret is not None
+        store.set(f"join/{self.rank}/host", f"{socket.gethostname()}:{os.getpid()}")
+        store.add(f"hb/{self.rank}", 1)
+        if self.rank == 0:
+            self._admit(store, world, timeout)
+            self.session = self.secret.session(self._nonce)
+            return
+        nonce = store.get("auth/nonce").decode()
+        mine = secrets.token_hex(16)
+        attempt = int(store.add(f"auth/{self.rank}/attempts", 1))
+        key = f"auth/{self.rank}/{attempt}"
+        store.set(key, json.dumps({
+            "client_nonce": mine, "proof": self.secret.join_proof(nonce, self.rank, mine),
+            "host": f"{socket.gethostname()}:{os.getpid()}",
+        }))
+        raw = self._wait_key(store, f"{key}/verdict", timeout,
+                             "rank 0 did not admit this rank (are all ranks started?)")
+        try:
+            verdict = json.loads(raw)
+        except ValueError:
+            verdict = {}
+        if not isinstance(verdict, dict):
+            verdict = {}
+        if verdict.get("ok") is True:
+            welcome = self.secret.welcome_proof(nonce, self.rank, mine)
+            if not proof_ok(welcome, verdict.get("proof")):
+                raise PeerError(
+                    f"the rendezvous store at {self.address.method} answered without proof of "
+                    "the shared secret: it is not this run's rank 0"
+                )
+            self.session = self.secret.session(nonce)
+            return
+        raise PeerError(f"rank 0 refused this rank: {verdict.get('reason', 'no reason given')}")
+
+    def _admit(self, store: dist.Store, world: int, timeout: float) -> None:
+        """Rank 0: admit the first attempt per rank that proves the secret, refuse the others;
+        answer the admitted ones once all have joined (so a welcome means: the run starts)."""
+        assert self.secret is not None
+        admitted: dict[int, tuple[str, str]] = {}  # rank -> (its client nonce, attempt key)
+        pending: dict[int, set[int]] = {r: set() for r in range(1, world)}
+        seen = dict.fromkeys(range(1, world), 0)
+        deadline = time.monotonic() + timeout
+
+        def refuse(key: str, reason: str, host: str) -> None:
+            logger.warning("refused a join as %s from %s: %s", key.split("/")[1], host, reason)
+            store.set(f"{key}/verdict", json.dumps({"ok": False, "reason": reason}))
+
+        while len(admitted) < world - 1:
+            for r in range(1, world):
+                count = int(store.add(f"auth/{r}/attempts", 0))
+                pending[r].update(range(seen[r] + 1, count + 1))
+                seen[r] = max(seen[r], count)
+                for attempt in sorted(pending[r]):
+                    key = f"auth/{r}/{attempt}"
+                    if not store.check([key]):
+                        continue  # counted, not written yet
+                    pending[r].discard(attempt)
+                    try:
+                        claim = json.loads(store.get(key))
+                        cn, proof = str(claim["client_nonce"]), claim["proof"]
+                        host = str(claim.get("host", "?"))
+                    except (ValueError, KeyError, TypeError):
+                        refuse(key, "malformed join request", "?")
+                        continue
+                    if not proof_ok(self.secret.join_proof(self._nonce, r, cn), proof):
+                        refuse(key, "wrong shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE "
+                               "must be the same on every rank)", host)
+                    elif r in admitted:
+                        refuse(key, f"rank {r} is already taken: another process joined as "
+                               f"rank {r}", host)
+                    else:
+                        admitted[r] = (cn, key)
+            if len(admitted) == world - 1:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(self.layout.role(r) for r in range(1, world) if r not in admitted)
+                raise PeerError(
+                    f"{names} did not join within {timeout:g}s ({JOIN_FACTOR} x "
+                    f"distributed_timeout) at {self.address.method}"
+                )
+            time.sleep(0.05)
+        for r, (cn, key) in admitted.items():
+            store.set(f"{key}/verdict", json.dumps(
+                {"ok": True, "proof": self.secret.welcome_proof(self._nonce, r, cn)}))
+        store.set("join/done", "1")
+
     def _check_configs(self, store: dist.Store) -> None:
         mine = config_to_dict(self.cfg)
-        store.set(f"config/{self.rank}", json.dumps(mine, sort_keys=True))
-        theirs = json.loads(store.get("config/0"))
+        key = f"config/{self.rank}"
+        store.set(key, seal(self.session, key, json.dumps(mine, sort_keys=True)))
+        try:
+            theirs = json.loads(unseal(self.session, "config/0", store.get("config/0")))
+        except BadMac as exc:
+            raise PeerError(f"rank 0's config is not signed with the run's secret ({exc}): "
+                            "somebody else writes to the rendezvous store") from None
         diff = _config_diff(mine, theirs)
         verdict = "ok" if not diff else ", ".join(diff)
-        store.set(f"config_ok/{self.rank}", verdict)
+        key = f"config_ok/{self.rank}"
+        store.set(key, seal(self.session, key, verdict))
         store_barrier(store, "config", self.layout.world_size, self.watchdog)
         bad = []
         for r in range(self.layout.world_size):
-            v = store.get(f"config_ok/{r}").decode()
+            key = f"config_ok/{r}"
+            try:
+                v = unseal(self.session, key, store.get(key)).decode()
+            except BadMac:
+                v = "a verdict not signed with the run's secret"
             if v != "ok":
                 bad.append(f"{self.layout.role(r)} differs in {v}")
         # Everybody has read the verdicts before anybody (rank 0: the store host) leaves.

@@ -96,7 +96,8 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
         raise
 
     def body() -> None:
-        server = PartitionServer(rank, ctx.address, ctx.timeout, on_error=ctx.fail)
+        server = PartitionServer(rank, ctx.address, ctx.timeout, on_error=ctx.fail,
+                                 session=ctx.session)
         server.start()
         while not server.stopped.wait(1.0):
             pass

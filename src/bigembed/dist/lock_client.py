@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
+from bigembed.dist.auth import Session
 from bigembed.dist.lock_server import CHANNEL, Bucket, PartitionKey
 from bigembed.dist.rpc import RpcClient
 from bigembed.train.loop import Iteration
@@ -23,9 +24,16 @@ logger = logging.getLogger(__name__)
 
 
 class LockClient:
-    def __init__(self, store: dist.Store, trainer: int, timeout: float, peer: str) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        trainer: int,
+        timeout: float,
+        peer: str,
+        session: Session | None = None,
+    ) -> None:
         self.trainer = trainer
-        self.rpc = RpcClient(store, CHANNEL, timeout, peer)
+        self.rpc = RpcClient(store, CHANNEL, timeout, peer, session)
 
     def acquire(self, iteration: int, finished: Bucket | None) -> dict:
         return self.rpc.call({

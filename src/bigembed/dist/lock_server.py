@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
+from bigembed.dist.auth import Session
 from bigembed.dist.rpc import Message, RpcServer
 
 logger = logging.getLogger(__name__)
@@ -201,11 +202,16 @@ class LockServer:
     """Serves a :class:`BucketScheduler` on the store channel ``lock`` (a thread on rank 0)."""
 
     def __init__(
-        self, store: dist.Store, scheduler: BucketScheduler, on_error: Callable[[str], None]
+        self,
+        store: dist.Store,
+        scheduler: BucketScheduler,
+        on_error: Callable[[str], None],
+        session: Session | None = None,
     ) -> None:
         self.scheduler = scheduler
         self._lock = threading.Lock()
-        self.rpc = RpcServer(store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock")
+        self.rpc = RpcServer(store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock",
+                             session=session)
 
     def start(self) -> None:
         self.rpc.start()

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from bigembed.dist.auth import Session
 from bigembed.dist.layout import PartitionKey, RankLayout
 from bigembed.dist.rpc import Message, RpcClient, RpcServer
 from bigembed.dist.store import StoreAddress
@@ -61,6 +62,7 @@ class PartitionServer:
         on_error: Callable[[str], None],
         group: dist.ProcessGroup | None = None,
         threads: int = 4,
+        session: Session | None = None,
     ) -> None:
         self.rank = rank
         self.address = address
@@ -74,7 +76,7 @@ class PartitionServer:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bigembed-parts")
         store = address.namespaced(address.client(timeout))
         self.rpc = RpcServer(store, channel_of(rank), self._handle, on_error, poll=0.5,
-                             name="bigembed-partition-server")
+                             name="bigembed-partition-server", session=session)
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -156,7 +158,7 @@ class PartitionServer:
         with self._lock:
             self.tables[key] = table
         self.bytes_received += (table.emb.numel() + table.state.numel()) * 4
-        self._reply_store().set(f"{channel_of(self.rank)}/ack/{n}", '{"ok": true}')
+        self._reply_store().set(*self.rpc.encode(n, {"ok": True}, suffix="ack"))
 
 
 def _shape_message(key: PartitionKey, have: tuple, want: tuple, where: str) -> str:
@@ -180,8 +182,10 @@ class PartitionClient:
         timeout: float,
         local: PartitionServer | None,
         group: dist.ProcessGroup | None = None,
+        session: Session | None = None,
     ) -> None:
         self.rank = rank
+        self.session = session
         self.layout = layout
         self.kv = store
         self.timeout = timeout
@@ -191,7 +195,8 @@ class PartitionClient:
         self.bytes_received = 0
 
     def _rpc(self, server: int) -> RpcClient:
-        return RpcClient(self.kv, channel_of(server), self.timeout, self.layout.role(server))
+        return RpcClient(self.kv, channel_of(server), self.timeout, self.layout.role(server),
+                         self.session)
 
     def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
         server = self.layout.server_for(key)

@@ -7,8 +7,12 @@ request. Store waits are push-based in TCPStore, so a call costs a few round tri
 polling delay; every wait has a timeout; nothing here uses gloo, whose timeouts tear down the
 connection (gloo is kept for the bulk data that both sides are known to be ready for).
 
-Messages are JSON, not pickles: the peers are trusted, but JSON keeps the protocol readable in
-the store and in logs.
+Messages are JSON, never pickles (the store is reachable by anybody who can reach its port).
+With a shared secret (:mod:`bigembed.dist.auth`) every request and reply is sealed with the
+run's session key and bound to its store key: the server drops (and logs) a request without a
+valid MAC without answering it, and a client stops the run on a forged reply. A request number
+taken but never written (a crashed client, or a stranger) is skipped after ``GAP_S`` seconds so
+it cannot block the queue.
 """
 
 from __future__ import annotations
@@ -16,32 +20,44 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from bigembed.dist.auth import BadMac, Session, seal, unseal
 from bigembed.dist.store import is_timeout
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+GAP_S = 5.0
 
 
 class RpcClient:
-    def __init__(self, store: dist.Store, channel: str, timeout: float, peer: str) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        channel: str,
+        timeout: float,
+        peer: str,
+        session: Session | None = None,
+    ) -> None:
         self.store = store
         self.channel = channel
         self.timeout = timeout
         self.peer = peer  # human name for messages
+        self.session = session
 
     def send(self, msg: Message) -> int:
         """Post a request; returns its number (the reply key's suffix and a unique tag)."""
         try:
             n = int(self.store.add(f"{self.channel}/seq", 1))
-            self.store.set(f"{self.channel}/req/{n}", json.dumps({**msg, "seq": n}))
+            key = f"{self.channel}/req/{n}"
+            self.store.set(key, seal(self.session, key, json.dumps({**msg, "seq": n})))
         except Exception as exc:
             raise PeerError(f"cannot send a request to {self.peer}: {exc}") from None
         return n
@@ -51,8 +67,14 @@ class RpcClient:
         limit = self.timeout if timeout is None else timeout
         try:
             self.store.wait([key], timedelta(seconds=limit))
-            reply = json.loads(self.store.get(key))
+            raw = self.store.get(key)
             self.store.delete_key(key)
+            reply = json.loads(unseal(self.session, key, raw))
+        except BadMac as exc:
+            raise PeerError(
+                f"a reply from {self.peer} is not signed with the run's secret ({exc}): "
+                "somebody else writes to the rendezvous store"
+            ) from None
         except Exception as exc:
             if is_timeout(exc):
                 raise PeerError(f"{self.peer} did not answer within {limit:g}s") from None
@@ -76,12 +98,15 @@ class RpcServer:
         on_error: Callable[[str], None],
         poll: float = 1.0,
         name: str = "bigembed-rpc",
+        session: Session | None = None,
     ) -> None:
         self.store = store
         self.channel = channel
         self.handler = handler
         self.on_error = on_error
         self.poll = poll
+        self.session = session
+        self.dropped = 0  # requests refused for a missing or invalid MAC
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -97,24 +122,53 @@ class RpcServer:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
+    def encode(self, n: int, msg: Message, suffix: str = "rep") -> tuple[str, str | bytes]:
+        """(store key, value) of the answer ``msg`` to request ``n`` (sealed with a secret)."""
+        key = f"{self.channel}/{suffix}/{n}"
+        return key, seal(self.session, key, json.dumps(msg))
+
     def reply(self, n: int, msg: Message, suffix: str = "rep") -> None:
-        self.store.set(f"{self.channel}/{suffix}/{n}", json.dumps(msg))
+        self.store.set(*self.encode(n, msg, suffix))
+
+    def _skippable(self, n: int, since: float) -> bool:
+        """Request ``n`` was taken ``GAP_S`` ago but never written, and later ones exist."""
+        if time.monotonic() - since < GAP_S:
+            return False
+        return int(self.store.add(f"{self.channel}/seq", 0)) > n
 
     def _run(self) -> None:
         n = 1
+        since = time.monotonic()
         while not self._stop.is_set():
             key = f"{self.channel}/req/{n}"
             try:
                 self.store.wait([key], timedelta(seconds=self.poll))
             except Exception as exc:
                 if is_timeout(exc):
+                    try:
+                        if self._skippable(n, since):
+                            logger.warning("%s: request %d was never written; skipped",
+                                           self.channel, n)
+                            n, since = n + 1, time.monotonic()
+                    except Exception:  # the wait above reports a lost store
+                        pass
                     continue
                 if not self._stop.is_set():
                     self.on_error(f"{self.channel} server lost the rendezvous store: {exc}")
                 return
             try:
-                request = json.loads(self.store.get(key))
+                raw = self.store.get(key)
                 self.store.delete_key(key)
+                try:
+                    request = json.loads(unseal(self.session, key, raw))
+                    if not isinstance(request, dict) or request.get("seq") != n:
+                        raise BadMac(f"{key}: malformed request")
+                except (BadMac, ValueError) as exc:
+                    self.dropped += 1
+                    logger.warning("%s: dropped a request without a valid MAC (%s)",
+                                   self.channel, exc)
+                    n, since = n + 1, time.monotonic()
+                    continue
                 try:
                     answer = self.handler(request)
                 except PeerError:
@@ -128,4 +182,4 @@ class RpcServer:
                 if not self._stop.is_set():
                     self.on_error(f"{self.channel} server failed: {exc}")
                 return
-            n += 1
+            n, since = n + 1, time.monotonic()

@@ -6,7 +6,8 @@ Each round, for every parameter server: take a snapshot of the segments it holds
 round is in flight are kept (they are neither in the snapshot nor overwritten), and the next
 delta carries them. Live tensors are touched through ``.data``, so autograd never sees it.
 
-Rounds are throttled as PBG documents it: at most 100 per second, and at most 1 GB/s of traffic.
+Rounds are throttled as PBG documents it: at most 100 per second, and at most 1 GB/s of traffic
+(:class:`Pacer`, which takes its clock as a parameter so tests can drive it).
 :meth:`Sharer.flush` waits for a round that starts after the call, which is how the end of a
 step pushes everything (and, after a barrier, pulls everything) before a checkpoint.
 """
@@ -37,6 +38,26 @@ MAX_ROUNDS_PER_S = 100.0
 MAX_BYTES_PER_S = 1e9
 
 
+class Pacer:
+    """How long to pause after a round so that rounds stay under both caps."""
+
+    def __init__(
+        self,
+        max_rounds_per_s: float = MAX_ROUNDS_PER_S,
+        max_bytes_per_s: float = MAX_BYTES_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_interval = 1.0 / max_rounds_per_s
+        self.max_bytes_per_s = max_bytes_per_s
+        self.clock = clock
+
+    def pause(self, began: float, nbytes: int) -> float:
+        """Seconds to wait after a round that started at ``began`` (this clock) and moved
+        ``nbytes``: the round plus the pause last at least the longer of the two intervals."""
+        interval = max(self.min_interval, nbytes / self.max_bytes_per_s)
+        return max(0.0, interval - (self.clock() - began))
+
+
 class Sharer:
     def __init__(
         self,
@@ -48,6 +69,8 @@ class Sharer:
         on_error: Callable[[str], None],
         max_rounds_per_s: float = MAX_ROUNDS_PER_S,
         max_bytes_per_s: float = MAX_BYTES_PER_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.rank = rank
         self.plan = plan
@@ -55,8 +78,8 @@ class Sharer:
         self.local = local
         self.group = group
         self.on_error = on_error
-        self.min_interval = 1.0 / max_rounds_per_s
-        self.max_bytes_per_s = max_bytes_per_s
+        self.pacer = Pacer(max_rounds_per_s, max_bytes_per_s, clock)
+        self._sleep = sleep or self._rest
         self.servers = plan.active_servers
         self.last = {s: gather(self.flat, plan.segments[s]) for s in self.servers}
         self.bytes_sent = 0
@@ -74,7 +97,9 @@ class Sharer:
             self._thread.start()
 
     # ------------------------------------------------------------------ rounds
-    def _round(self) -> None:
+    def _round(self) -> int:
+        """One push/pull with every server; returns the bytes it moved over the network."""
+        moved = 0
         header = torch.tensor([OP_PUSH_PULL, 0], dtype=torch.int64)
         pending = []
         for server in self.servers:
@@ -92,30 +117,35 @@ class Sharer:
             received = dist.irecv(merged, src=server, group=self.group, tag=TAG_VALUE)
             pending.append((server, segments, snap, merged, sent, received))
             self.bytes_sent += delta.numel() * 4
+            moved += delta.numel() * 4
         for server, segments, snap, merged, sent, received in pending:
             sent.wait()
             received.wait()
             scatter_add(self.flat, segments, merged - snap)
             self.last[server] = merged
             self.bytes_received += merged.numel() * 4
+            moved += merged.numel() * 4
         self.rounds += 1
+        return moved
+
+    def _rest(self, seconds: float) -> None:
+        """Pause between rounds; a flush cuts it short."""
+        self._wake.wait(seconds)
+        self._wake.clear()
 
     def _run(self) -> None:
-        round_bytes = 2 * 4 * sum(self.plan.size(s) for s in self.servers if s != self.rank)
-        pause = max(self.min_interval, round_bytes / self.max_bytes_per_s)
         try:
             while not self._stop.is_set():
                 with self._cond:
                     self._started += 1
-                began = time.perf_counter()
-                self._round()
+                began = self.pacer.clock()
+                moved = self._round()
                 with self._cond:
                     self._completed = self._started
                     self._cond.notify_all()
-                rest = pause - (time.perf_counter() - began)
+                rest = self.pacer.pause(began, moved)
                 if rest > 0:
-                    self._wake.wait(rest)
-                    self._wake.clear()
+                    self._sleep(rest)
             for server in self.servers:
                 if server != self.rank:
                     bye = torch.tensor([OP_BYE, 0], dtype=torch.int64)

@@ -9,6 +9,11 @@ Each thread that blocks on the store gets its own client connection (:meth:`Stor
 because a client serialises its operations: a server thread waiting for requests would otherwise
 stall the heartbeat. Failures become one-line :class:`~bigembed.errors.PeerError` messages
 (port in use, store unreachable) instead of c10d tracebacks.
+
+Binding: a TCPStore master listens on every interface whatever host the URI names (checked with
+torch 2.13). ``BIGEMBED_BIND=ADDRESS`` (or ``--bind``) makes rank 0 bind the store's socket to
+that address only (through TCPStore's ``master_listen_fd``) and, on every rank, points gloo at
+the interface holding that address.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
+from bigembed.dist.auth import BIND_ENV
 from bigembed.errors import PeerError
 
 NAMESPACE = "bigembed"
+_LISTENERS: list[socket.socket] = []  # bound sockets handed to TCPStore: kept open while it runs
 
 
 def is_timeout(exc: BaseException) -> bool:
@@ -85,10 +92,12 @@ class StoreAddress:
             except RuntimeError as exc:
                 raise PeerError(f"{self.method}: cannot open the store file: {exc}") from None
         if rank == 0:
+            listener = _bound_listener(os.environ.get(BIND_ENV), self.port, self.method)
             try:
                 return dist.TCPStore(
                     self.host, self.port, world_size, is_master=True, timeout=td,
                     wait_for_workers=False,
+                    master_listen_fd=listener.fileno() if listener is not None else None,
                 )
             except (RuntimeError, dist.DistError) as exc:
                 text = str(exc)
@@ -118,6 +127,34 @@ class StoreAddress:
 
     def namespaced(self, store: dist.Store) -> dist.Store:
         return dist.PrefixStore(NAMESPACE, store)
+
+
+def _bound_listener(bind: str | None, port: int, method: str) -> socket.socket | None:
+    """A listening socket on ``bind``:``port`` for the store master, or None (every interface)."""
+    if not bind:
+        return None
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise PeerError(f"{BIND_ENV} {bind}: not an address ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PeerError(
+                f"{method}: port {port} is already in use on {bind} (another run, or one still "
+                "shutting down); pick another port"
+            ) from None
+        raise PeerError(
+            f"{BIND_ENV} {bind}: rank 0 cannot listen there ({exc.strerror}); name an address "
+            "of this machine"
+        ) from None
+    _LISTENERS.append(sock)
+    return sock
 
 
 def _first_line(text: str) -> str:
@@ -155,9 +192,18 @@ def choose_gloo_interface(address: StoreAddress) -> str | None:
     Gloo otherwise binds to whatever the machine's hostname resolves to, which in containers
     and network namespaces is often an address the peers cannot reach.
     """
-    if os.environ.get("GLOO_SOCKET_IFNAME") or address.kind != "tcp":
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
         return os.environ.get("GLOO_SOCKET_IFNAME")
-    local = local_address_towards(address.host, address.port)
+    bind = os.environ.get(BIND_ENV)
+    if bind:
+        try:
+            local: str | None = socket.gethostbyname(bind)
+        except OSError:
+            local = None
+    elif address.kind != "tcp":
+        return None
+    else:
+        local = local_address_towards(address.host, address.port)
     name = interface_of(local) if local else None
     if name:
         os.environ["GLOO_SOCKET_IFNAME"] = name

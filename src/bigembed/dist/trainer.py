@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.config import ConfigSchema
+from bigembed.dist.auth import BadMac, seal, unseal
 from bigembed.dist.context import DistContext
 from bigembed.dist.layout import PartitionKey
 from bigembed.dist.lock_client import LockClient, LockedBucketSource
@@ -63,7 +64,8 @@ class DistributedTrainer(Trainer):
         self.rank = ctx.rank
         self.layout = ctx.layout
         self.source = LockedBucketSource(
-            LockClient(ctx.store, ctx.rank, ctx.timeout, ctx.layout.role(0)), self._bucket_keys
+            LockClient(ctx.store, ctx.rank, ctx.timeout, ctx.layout.role(0), ctx.session),
+            self._bucket_keys,
         )
         super().__init__(cfg, progress=progress, bucket_source=self.source)
         self.lock_server: LockServer | None = None
@@ -76,13 +78,22 @@ class DistributedTrainer(Trainer):
         self._reported = (0, 0)  # network bytes and lock waits already in earlier steps' stats
         if self.layout.num_partition_servers < 0:
             self.partition_server = PartitionServer(
-                self.rank, ctx.address, ctx.timeout, on_error=ctx.fail
+                self.rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
             )
             self.partition_server.start()
         if self.layout.server_ranks:
             self.partition_client = PartitionClient(
-                self.rank, self.layout, ctx.store, ctx.timeout, self.partition_server
+                self.rank, self.layout, ctx.store, ctx.timeout, self.partition_server,
+                session=ctx.session,
             )
+
+    def _signed(self, store: dist.Store, key: str) -> bytes:
+        """A value another rank wrote with :func:`seal` (checked when the run has a secret)."""
+        try:
+            return unseal(self.ctx.session, key, store.get(key))
+        except BadMac as exc:
+            raise PeerError(f"{exc}: not signed with the run's secret; somebody else writes to "
+                            "the rendezvous store") from None
 
     # ------------------------------------------------------------------ buckets
     def _side_keys(self, bucket: Bucket) -> tuple[frozenset[PartitionKey], frozenset[PartitionKey]]:
@@ -121,12 +132,13 @@ class DistributedTrainer(Trainer):
                 logger.info("removed %d files of an interrupted step in %s", removed, ck.path)
             nonce = secrets.token_hex(8)
             (ck.path / PROBE_FILE).write_text(nonce)
-            ctx.store.set("open/nonce", nonce)
-            ctx.store.set("open/version", str(ck.committed_version()))
+            ctx.store.set("open/nonce", seal(ctx.session, "open/nonce", nonce))
+            version = str(ck.committed_version())
+            ctx.store.set("open/version", seal(ctx.session, "open/version", version))
         ctx.barrier("open")
         committed = ck.committed_version()
         if self.rank != 0:
-            nonce = ctx.store.get("open/nonce").decode()
+            nonce = self._signed(ctx.store, "open/nonce").decode()
             try:
                 seen = (ck.path / PROBE_FILE).read_text()
             except OSError:
@@ -136,7 +148,7 @@ class DistributedTrainer(Trainer):
                     f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
                     "the file rank 0 just wrote there): put it on a disk all machines mount"
                 )
-            theirs = int(ctx.store.get("open/version"))
+            theirs = int(self._signed(ctx.store, "open/version"))
             if theirs != committed:
                 raise CheckpointError(
                     f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
@@ -151,7 +163,8 @@ class DistributedTrainer(Trainer):
                       partition_servers=self.cfg.num_partition_servers)
             scheduler = BucketScheduler(self._side_keys, self._plan_for, log)
             self.lock_server = LockServer(
-                ctx.address.namespaced(ctx.address.client(ctx.timeout)), scheduler, ctx.fail
+                ctx.address.namespaced(ctx.address.client(ctx.timeout)), scheduler, ctx.fail,
+                session=ctx.session,
             )
             self.lock_server.start()
         return committed
@@ -264,13 +277,14 @@ class DistributedTrainer(Trainer):
         summary = {**summary, "net_bytes": net - self._reported[0],
                    "lock_waits": waits - self._reported[1]}
         self._reported = (net, waits)
-        ctx.store.set(f"stats/{version}/{self.rank}",
-                      json.dumps({"records": records, "summary": summary}))
+        key = f"stats/{version}/{self.rank}"
+        ctx.store.set(key, seal(ctx.session, key,
+                                json.dumps({"records": records, "summary": summary})))
         ctx.barrier(f"v{version}/written")
         if self.rank == 0:
             parts = []
             for r in self.layout.trainers:
-                parts.append(json.loads(ctx.store.get(f"stats/{version}/{r}")))
+                parts.append(json.loads(self._signed(ctx.store, f"stats/{version}/{r}")))
                 ctx.store.delete_key(f"stats/{version}/{r}")
             all_records = [
                 {**rec, "trainer": r} for r, p in enumerate(parts) for rec in p["records"]

@@ -97,7 +97,11 @@ class EdgeLoader:
                     f"{p}: not an imported edge path (no {MANIFEST}); pass a directory written "
                     f"by `bigembed import` or an edge file (.tsv/.csv/.parquet)"
                 )
-            return LoadedEdges(str(p), "edge path", self._from_store(EdgeStore(p)))
+            names = Path(self.entity_path or self.trained.config.entity_path)
+            if (names / MANIFEST).exists():
+                _ = self.entity_store  # the edges' ids mean the import the model was trained on
+            store = EdgeStore(p, entities=self.entity_store)
+            return LoadedEdges(str(p), "edge path", self._from_store(store))
         if not p.exists():
             raise InputError(f"{p}: no such edge path or edge file")
         return self._from_file(p)
@@ -151,6 +155,11 @@ class EdgeLoader:
         opts = self.options
         fmt, compression = detect_format(path, opts.format)
         columns = opts.columns
+        if columns.rel is None and len(self.relation_names) > 1:
+            raise InputError(
+                f"{path}: no relation column (--rel-col none) but the model has "
+                f"{len(self.relation_names)} relations; give --rel-col"
+            )
         source = InputFile(path, fmt, compression, columns, opts.text, skip_bad_lines=False)
         loaded = LoadedEdges(str(path), "file", EvalEdges(np.empty(0), np.empty(0), np.empty(0)))
         parts: list[EvalEdges] = []

@@ -71,14 +71,20 @@ def sampled_ranks(
         rel = edges.rel[sel]
         lhs_off = np.empty(len(sel), np.int64)
         rhs_off = np.empty(len(sel), np.int64)
-        for types, ids, part, dest in ((lhs_types, edges.lhs, int(i), lhs_off),
-                                       (rhs_types, edges.rhs, int(j), rhs_off)):
+        for types, ids, part, dest in (
+            (lhs_types, edges.lhs, int(i), lhs_off),
+            (rhs_types, edges.rhs, int(j), rhs_off),
+        ):
             for etype in np.unique(types[rel]).tolist():
                 m = np.flatnonzero(types[rel] == etype)
                 dest[m] = ids[sel[m]] - tables.bases(etype)[part]
-        sides = [((r.lhs, int(i) if cfg.entities[r.lhs].num_partitions > 1 else 0),
-                  (r.rhs, int(j) if cfg.entities[r.rhs].num_partitions > 1 else 0))
-                 for r in (relations[:1] if model.dynamic else relations)]
+        sides = [
+            (
+                (r.lhs, int(i) if cfg.entities[r.lhs].num_partitions > 1 else 0),
+                (r.rhs, int(j) if cfg.entities[r.rhs].num_partitions > 1 else 0),
+            )
+            for r in (relations[:1] if model.dynamic else relations)
+        ]
         cache: dict[tuple[str, int], Table] = {}
 
         def table(key: tuple[str, int], cache=cache) -> Table:
@@ -86,21 +92,29 @@ def sampled_ranks(
                 cache[key] = Table(tables.table(*key), torch.empty(0))
             return cache[key]
 
-        batches = make_batches(torch.from_numpy(lhs_off), torch.from_numpy(rhs_off),
-                               torch.from_numpy(rel), None, batch_size, model.dynamic, rng)
+        batches = make_batches(
+            torch.from_numpy(lhs_off),
+            torch.from_numpy(rhs_off),
+            torch.from_numpy(rel),
+            None,
+            batch_size,
+            model.dynamic,
+            rng,
+        )
         for batch in batches:
             lhs_key, rhs_key = sides[batch.relation_idx]
             all_negs = bool(model.relation_config(batch.relation_idx).all_negs)
-            ls, _ = gather_side(table(lhs_key), batch.lhs, negs, all_negs, gen, None, grad=False)
-            rs, _ = gather_side(table(rhs_key), batch.rhs, negs, all_negs, gen, None, grad=False)
+            ls, luni = gather_side(table(lhs_key), batch.lhs, negs, all_negs, gen, None, grad=False)
+            rs, runi = gather_side(table(rhs_key), batch.rhs, negs, all_negs, gen, None, grad=False)
             scores = model(ls, rs, batch.rel, batch.relation_idx, None, negs)
             loss_sum += float(scores.loss)
             out["rel"].append(batch.rel.numpy())
-            for key, pos, neg, enabled in (
-                ("l", scores.lhs_pos, scores.lhs_neg, not negs.disable_lhs),
-                ("r", scores.rhs_pos, scores.rhs_neg, not negs.disable_rhs),
+            for key, pos, neg, idx, uni, enabled in (
+                ("l", scores.lhs_pos, scores.lhs_neg, batch.lhs, luni, not negs.disable_lhs),
+                ("r", scores.rhs_pos, scores.rhs_neg, batch.rhs, runi, not negs.disable_rhs),
             ):
-                ranks, cands = _ranks(pos, neg) if enabled else (None, None)
+                same = _same_entity(idx, uni, negs, all_negs)
+                ranks, cands = _ranks(pos, neg, same) if enabled else (None, None)
                 out[f"{key}r"].append(ranks if ranks is not None else np.empty(0, np.int64))
                 out[f"{key}c"].append(cands if cands is not None else np.empty(0, np.int64))
             if progress:
@@ -113,13 +127,39 @@ def sampled_ranks(
     return SampledResult(RankingResult(rel=cat["rel"], lhs=lhs, rhs=rhs), loss_sum, mean_negs)
 
 
-def _ranks(pos: torch.Tensor, neg: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+def _same_entity(
+    idx: torch.Tensor, uniform: torch.Tensor | None, negs: NegativeSettings, all_negs: bool
+) -> list[torch.Tensor | None]:
+    """Per negative block: where the negative is the positive's own entity (a batch negative
+    from another edge with the same entity, or a uniform draw of it). Such a negative ties
+    with the positive exactly, but the two scores come from different kernels (elementwise
+    product vs. matmul) and may differ in the last bit; the tie must not depend on that."""
+    if all_negs:
+        return [None]  # the positive itself is masked; every other entity is a distinct one
+    out: list[torch.Tensor | None] = []
+    n = idx.shape[0]
+    if negs.num_batch_negs > 0:
+        chunk = min(negs.num_batch_negs, n)
+        rows = torch.arange(n).unsqueeze(1)
+        cols = rows - rows % chunk + torch.arange(chunk).unsqueeze(0)
+        out.append(idx[cols.clamp(max=n - 1)] == idx.unsqueeze(1))  # padding is masked anyway
+    if uniform is not None and negs.num_uniform_negs > 0:
+        drawn = uniform.view(-1, negs.num_uniform_negs)
+        group = torch.arange(n) // negs.uniform_group
+        out.append(drawn[group] == idx.unsqueeze(1))
+    return out
+
+
+def _ranks(
+    pos: torch.Tensor, neg: list[torch.Tensor], same: list[torch.Tensor | None]
+) -> tuple[np.ndarray, np.ndarray]:
     """Ranks (ties count against the positive) and candidates (unmasked negatives + 1)."""
     ranks = torch.ones(pos.shape[0], dtype=torch.long)
     cands = torch.ones(pos.shape[0], dtype=torch.long)
     p = pos.unsqueeze(1)
-    for block in neg:
+    for block, tie in zip(neg, same, strict=True):
         valid = block > MASKED / 2
-        ranks += ((block >= p) & valid).sum(dim=1)
+        above = block >= p if tie is None else (block >= p) | tie
+        ranks += (above & valid).sum(dim=1)
         cands += valid.sum(dim=1)
     return ranks.numpy(), cands.numpy()

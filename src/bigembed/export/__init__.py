@@ -6,7 +6,10 @@ Entity vectors are exported as the model scores with them: the stored row (renor
 ``max_norm`` if the config sets it) plus the type's global embedding when the model has one
 (PBG's exporter adds the global embedding too). Names come from the entity store: the
 checkpoint config's ``entity_path`` unless overridden. The output directory is built under a
-temporary name and appears only when complete; an existing one is replaced only with ``force``.
+temporary name and appears only when complete; an existing one is replaced only with ``force``
+and only if it is an earlier export (it carries bigembed's marker file, see
+:mod:`bigembed.output_paths`); an output that is, holds or lies inside the checkpoint or the
+entity store is refused.
 See :mod:`bigembed.export.writers` for the files of each format.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 import torch
 
 from bigembed.atomic import atomic_directory
-from bigembed.errors import InputError, OutputExistsError
+from bigembed.errors import InputError
 from bigembed.export.relations import relation_params
 from bigembed.export.writers import (
     EntityBlock,
@@ -32,13 +35,15 @@ from bigembed.export.writers import (
 )
 from bigembed.graph.entities import EntityStore
 from bigembed.inference import EntityTables, open_checkpoint, open_entity_store
+from bigembed.output_paths import check_replaceable, refuse_overlap, write_error
 from bigembed.trained import TrainedModel
 
 FORMATS = ("tsv", "npy", "parquet", "projector")
 
 
-def entity_blocks(trained: TrainedModel, store: EntityStore, tables: EntityTables
-                  ) -> Iterator[EntityBlock]:
+def entity_blocks(
+    trained: TrainedModel, store: EntityStore, tables: EntityTables
+) -> Iterator[EntityBlock]:
     """Every partition of every entity type: names and vectors with the global embedding."""
     for etype in trained.config.entities:
         for part in range(trained.num_partitions(etype)):
@@ -67,17 +72,19 @@ def export_checkpoint(
     if fmt not in FORMATS:
         raise InputError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
     out = Path(output)
-    if out.exists() and not force:
-        raise OutputExistsError(f"{out}: already exists; pass --force to replace it")
+    refuse_overlap([out], [checkpoint_dir])
+    check_replaceable(out, "export", force=force)
     trained = open_checkpoint(checkpoint_dir)
     store = open_entity_store(trained, entity_path)
+    refuse_overlap([out], [trained.path, store.path])
     tables = EntityTables(trained, max_bytes=0)  # each partition is read once
     params = relation_params(trained)
-    shapes = {t: (tables.total(t), trained.config.entity_dimension(t))
-              for t in trained.config.entities}
+    shapes = {
+        t: (tables.total(t), trained.config.entity_dimension(t)) for t in trained.config.entities
+    }
     where = str(store.path)
     try:
-        with atomic_directory(out, force=force) as tmp:
+        with atomic_directory(out, force=force, marker="export") as tmp:
             blocks = entity_blocks(trained, store, tables)
             if fmt == "tsv":
                 files = write_tsv(tmp, blocks, params, where)
@@ -99,6 +106,6 @@ def export_checkpoint(
                 "files": files,
             }
             (tmp / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    except FileExistsError:
-        raise OutputExistsError(f"{out}: already exists; pass --force to replace it") from None
+    except OSError as exc:
+        raise write_error(exc, out, "export") from None
     return manifest

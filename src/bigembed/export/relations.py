@@ -42,11 +42,25 @@ def relation_params(trained: TrainedModel) -> list[RelationParam]:
             for pname, param in op.named_parameters():
                 rows = param.detach().numpy()
                 for rname, row in zip(names, rows, strict=True):
-                    out.append(RelationParam(rname, side, operator, pbg_param_name(pname, True),
-                                             np.array(row, dtype=np.float32)))
+                    out.append(
+                        RelationParam(
+                            rname,
+                            side,
+                            operator,
+                            pbg_param_name(pname, True),
+                            np.array(row, dtype=np.float32),
+                        )
+                    )
         return out
     for rcfg, op in zip(cfg.relations, model.rhs_operators, strict=True):
         for pname, param in op.named_parameters():
-            out.append(RelationParam(rcfg.name, "rhs", rcfg.operator, pname,
-                                     np.array(param.detach().numpy(), dtype=np.float32)))
+            out.append(
+                RelationParam(
+                    rcfg.name,
+                    "rhs",
+                    rcfg.operator,
+                    pname,
+                    np.array(param.detach().numpy(), dtype=np.float32),
+                )
+            )
     return out

@@ -48,8 +48,9 @@ class EntityBlock:
 def _value_strings(vectors: np.ndarray) -> pa.Array:
     """Each row of ``vectors`` as one tab-separated string (one cast, one join, in C++)."""
     n, dim = vectors.shape
-    flat = pc.cast(pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1)),
-                   pa.string())
+    flat = pc.cast(
+        pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1)), pa.string()
+    )
     offsets = pa.array(np.arange(0, n * dim + 1, dim, dtype=np.int32) if n else [0], pa.int32())
     return pc.binary_join(pa.ListArray.from_arrays(offsets, flat), "\t")
 
@@ -85,8 +86,9 @@ def _relation_tsv(path: Path, params: list[RelationParam]) -> None:
             f.write(_tsv_bytes(first, p.values.reshape(1, -1)))
 
 
-def write_tsv(out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam],
-              where: str) -> list[str]:
+def write_tsv(
+    out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam], where: str
+) -> list[str]:
     with open(out / "entities.tsv", "wb") as f:
         for block in blocks:
             _check_tsv_names(block, where)
@@ -95,8 +97,9 @@ def write_tsv(out: Path, blocks: Iterable[EntityBlock], params: list[RelationPar
     return ["entities.tsv", "relation_types.tsv"]
 
 
-def write_projector(out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam],
-                    where: str) -> list[str]:
+def write_projector(
+    out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam], where: str
+) -> list[str]:
     with open(out / "vectors.tsv", "wb") as vf, open(out / "metadata.tsv", "wb") as mf:
         mf.write(b"name\ttype\n")
         for block in blocks:
@@ -106,13 +109,19 @@ def write_projector(out: Path, blocks: Iterable[EntityBlock], params: list[Relat
             types = pa.array([block.etype] * len(names), pa.string())
             mf.write(_tsv_bytes([names, types], np.empty((len(names), 0), np.float32)))
     (out / "projector_config.pbtxt").write_text(
-        'embeddings {\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}\n')
+        'embeddings {\n  tensor_path: "vectors.tsv"\n  metadata_path: "metadata.tsv"\n}\n'
+    )
     _relation_tsv(out / "relation_types.tsv", params)
     return ["vectors.tsv", "metadata.tsv", "projector_config.pbtxt", "relation_types.tsv"]
 
 
-def write_npy(out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam],
-              where: str, shapes: dict[str, tuple[int, int]]) -> list[str]:
+def write_npy(
+    out: Path,
+    blocks: Iterable[EntityBlock],
+    params: list[RelationParam],
+    where: str,
+    shapes: dict[str, tuple[int, int]],
+) -> list[str]:
     files: list[str] = []
     arrays: dict[str, np.memmap] = {}
     name_files: dict[str, object] = {}
@@ -122,7 +131,8 @@ def write_npy(out: Path, blocks: Iterable[EntityBlock], params: list[RelationPar
             t = block.etype
             if t not in arrays:
                 arrays[t] = np.lib.format.open_memmap(
-                    out / f"embeddings_{t}.npy", mode="w+", dtype=np.float32, shape=shapes[t])
+                    out / f"embeddings_{t}.npy", mode="w+", dtype=np.float32, shape=shapes[t]
+                )
                 f = open(out / f"names_{t}.json", "w", encoding="utf-8")  # noqa: SIM115
                 f.write("[")
                 name_files[t] = f
@@ -145,14 +155,28 @@ def write_npy(out: Path, blocks: Iterable[EntityBlock], params: list[RelationPar
         for a in arrays.values():
             a.flush()
     np.savez(out / "relation_params.npz", **{str(i): p.values for i, p in enumerate(params)})
-    index = [{"key": str(i), "relation": p.relation, "side": p.side, "operator": p.operator,
-              "param": p.param, "shape": list(p.values.shape)} for i, p in enumerate(params)]
+    index = [
+        {
+            "key": str(i),
+            "relation": p.relation,
+            "side": p.side,
+            "operator": p.operator,
+            "param": p.param,
+            "shape": list(p.values.shape),
+        }
+        for i, p in enumerate(params)
+    ]
     (out / "relation_params.json").write_text(json.dumps(index, indent=1) + "\n")
     return [*files, "relation_params.npz", "relation_params.json"]
 
 
-def write_parquet(out: Path, blocks: Iterable[EntityBlock], params: list[RelationParam],
-                  where: str, shapes: dict[str, tuple[int, int]]) -> list[str]:
+def write_parquet(
+    out: Path,
+    blocks: Iterable[EntityBlock],
+    params: list[RelationParam],
+    where: str,
+    shapes: dict[str, tuple[int, int]],
+) -> list[str]:
     writers: dict[str, pq.ParquetWriter] = {}
     files: list[str] = []
 
@@ -176,13 +200,15 @@ def write_parquet(out: Path, blocks: Iterable[EntityBlock], params: list[Relatio
     finally:
         for w in writers.values():
             w.close()
-    table = pa.table({
-        "relation": pa.array([p.relation for p in params], pa.string()),
-        "side": pa.array([p.side for p in params], pa.string()),
-        "operator": pa.array([p.operator for p in params], pa.string()),
-        "param": pa.array([p.param for p in params], pa.string()),
-        "shape": pa.array([list(p.values.shape) for p in params], pa.list_(pa.int64())),
-        "values": pa.array([p.values.reshape(-1) for p in params], pa.list_(pa.float32())),
-    })
+    table = pa.table(
+        {
+            "relation": pa.array([p.relation for p in params], pa.string()),
+            "side": pa.array([p.side for p in params], pa.string()),
+            "operator": pa.array([p.operator for p in params], pa.string()),
+            "param": pa.array([p.param for p in params], pa.string()),
+            "shape": pa.array([list(p.values.shape) for p in params], pa.list_(pa.int64())),
+            "values": pa.array([p.values.reshape(-1) for p in params], pa.list_(pa.float32())),
+        }
+    )
     pq.write_table(table, out / "relation_params.parquet")
     return [*files, "relation_params.parquet"]

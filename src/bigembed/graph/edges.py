@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,11 +19,15 @@ from bigembed.errors import InputError
 from bigembed.graph.format import (
     EDGE_FORMAT,
     FORMAT_VERSION,
+    IMPORT_ID,
     MANIFEST,
     bucket_dir,
     manifest_error,
     read_manifest,
 )
+
+if TYPE_CHECKING:
+    from bigembed.graph.entities import EntityStore
 
 
 @dataclass
@@ -52,9 +56,13 @@ def chunk_range(num_edges: int, chunk_idx: int, num_chunks: int) -> tuple[int, i
 
 
 class EdgeStore:
-    """Read access to one imported edge path."""
+    """Read access to one imported edge path.
 
-    def __init__(self, path: str | Path) -> None:
+    With ``entities`` the store is checked to come from the same import as that entity store
+    (:func:`check_edges_import`).
+    """
+
+    def __init__(self, path: str | Path, *, entities: EntityStore | None = None) -> None:
         self.path = Path(path)
         data = read_manifest(self.path, EDGE_FORMAT)
         try:
@@ -69,6 +77,11 @@ class EdgeStore:
             raise manifest_error(self.path, "bucket_counts does not match the partition counts")
         self._counts = counts
         self.manifest = data
+        found = data.get(IMPORT_ID)
+        # the import_id of the entity store this store was bucketed against (None: older store)
+        self.import_id: str | None = None if found is None else str(found)
+        if entities is not None:
+            check_edges_import(entities, self)
 
     def buckets(self) -> list[tuple[int, int]]:
         """Every bucket (i, j), empty ones included, in row-major order."""
@@ -134,6 +147,21 @@ class EdgeStore:
 
     def load_bucket(self, lhs_part: int, rhs_part: int) -> EdgeChunk:
         return self.load_range(lhs_part, rhs_part, 0, self.num_edges(lhs_part, rhs_part))
+
+
+def check_edges_import(entities: EntityStore, *edge_stores: EdgeStore) -> None:
+    """Refuse edge stores bucketed against another import than ``entities``.
+
+    Their offsets index that other import's partitions: training or evaluating them against
+    this entity store would read wrong rows (or fail with an IndexError). Stores written
+    before import ids existed (``import_id`` None on the edge side) are not checked.
+    """
+    for store in edge_stores:
+        if store.import_id is not None and store.import_id != entities.import_id:
+            raise InputError(
+                f"{store.path} was imported with a different entity store than "
+                f"{entities.path} (import ids differ); re-run bigembed import"
+            )
 
 
 def write_edge_manifest(

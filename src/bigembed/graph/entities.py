@@ -4,11 +4,19 @@ Layout of ``entity_path`` (see docs/FORMAT.md): ``manifest.json``, PBG-compatibl
 ``entity_count_{type}_{part}.txt``, ``dynamic_rel_count.txt`` and ``dynamic_rel_names.json``,
 and ``entity_names_{type}_{part}.parquet`` (names in offset order; Parquet because a JSON list
 of a billion names cannot be read in pieces).
+
+Each import gets an ``import_id`` (a random id plus a digest of the entity files, hashed while
+they are written) recorded in the manifest; the edge stores bucketed against this store record
+it too, so a mix of stores from different imports is detected
+(:func:`bigembed.graph.edges.check_edges_import`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +33,7 @@ from bigembed.graph.format import (
     DYNAMIC_REL_NAMES,
     ENTITY_FORMAT,
     FORMAT_VERSION,
+    IMPORT_ID,
     MANIFEST,
     entity_count_file,
     entity_names_file,
@@ -55,6 +64,8 @@ class EntityStore:
             self._relations = [str(r) for r in data["relations"]]
             self.dynamic_relations = bool(data["dynamic_relations"])
             self.seed = int(data.get("seed", 0))
+            found = data.get(IMPORT_ID)
+            self.import_id: str | None = None if found is None else str(found)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise manifest_error(self.path, f"bad or missing field: {exc}") from None
         for name, info in self._types.items():
@@ -149,6 +160,31 @@ class EntityStore:
         return None if parts[0] < 0 else (int(parts[0]), int(offsets[0]))
 
 
+class _HashingWriter(io.RawIOBase):
+    """A binary file that also feeds every byte written to a hash."""
+
+    def __init__(self, raw: io.BufferedWriter, digest: Any) -> None:
+        self._raw = raw
+        self._digest = digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._digest.update(data)
+        return self._raw.write(data)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _write_text(path: Path, text: str, digest: Any) -> None:
+    data = text.encode("utf-8")
+    digest.update(data)
+    path.write_bytes(data)
+
+
 def write_entity_store(
     directory: Path,
     *,
@@ -157,12 +193,14 @@ def write_entity_store(
     dynamic_relations: bool,
     seed: int,
     extra: Mapping[str, Any] | None = None,
-) -> None:
+) -> str:
     """Write every file of an entity store into ``directory`` (the manifest last).
 
     ``names[type][part]`` is the string array of that partition's names in offset order.
+    Returns the store's new ``import_id`` (also in its manifest).
     """
     directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
     types: dict[str, Any] = {}
     for entity_type, parts in names.items():
         counts = []
@@ -170,15 +208,20 @@ def write_entity_store(
             table = pa.table(
                 {"name": array.cast(pa.string()) if array.type != pa.string() else array}
             )
-            pq.write_table(table, directory / entity_names_file(entity_type, part))
-            (directory / entity_count_file(entity_type, part)).write_text(f"{len(array)}\n")
+            names_file = entity_names_file(entity_type, part)
+            digest.update(names_file.encode("utf-8"))
+            with open(directory / names_file, "wb") as raw, _HashingWriter(raw, digest) as f:
+                pq.write_table(table, f)
+            _write_text(directory / entity_count_file(entity_type, part), f"{len(array)}\n", digest)
             counts.append(len(array))
         types[entity_type] = {"num_partitions": len(parts), "counts": counts}
-    (directory / DYNAMIC_REL_COUNT).write_text(f"{len(relation_names)}\n")
-    (directory / DYNAMIC_REL_NAMES).write_text(json.dumps(list(relation_names)) + "\n")
+    _write_text(directory / DYNAMIC_REL_COUNT, f"{len(relation_names)}\n", digest)
+    _write_text(directory / DYNAMIC_REL_NAMES, json.dumps(list(relation_names)) + "\n", digest)
+    import_id = f"{uuid.uuid4().hex}-{digest.hexdigest()[:32]}"
     manifest: dict[str, Any] = {
         "format": ENTITY_FORMAT,
         "format_version": FORMAT_VERSION,
+        IMPORT_ID: import_id,
         "seed": seed,
         "dynamic_relations": dynamic_relations,
         "relations": list(relation_names),
@@ -187,3 +230,4 @@ def write_entity_store(
     if extra:
         manifest.update(extra)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return import_id

@@ -19,6 +19,8 @@ MANIFEST = "manifest.json"
 ENTITY_FORMAT = "bigembed-entities"
 EDGE_FORMAT = "bigembed-edges"
 EDGE_COLUMNS = ("lhs", "rhs", "rel", "weight")
+IMPORT_ID = "import_id"  # entity manifest: this import; edge manifest: its entity store's
+PUBLISHING_KEY = "publishing"  # in an entity manifest that an import is replacing right now
 INT32_MAX = np.iinfo(np.int32).max
 
 
@@ -62,6 +64,11 @@ def read_manifest(path: Path, expected_format: str) -> dict[str, Any]:
         raise InputError(f"{manifest_path}: corrupt manifest ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != expected_format:
         raise InputError(f"{manifest_path}: not a bigembed {what} manifest")
+    if PUBLISHING_KEY in data:
+        raise InputError(
+            f"{manifest_path}: an import was interrupted while publishing this {what}; "
+            f"re-run `bigembed import --force`"
+        )
     version = data.get("format_version")
     if version != FORMAT_VERSION:
         raise InputError(

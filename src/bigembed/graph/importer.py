@@ -9,6 +9,7 @@ temporary places and published together (:mod:`publish`).
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from bigembed.errors import ConfigError, InputError
+from bigembed.errors import BigembedError, ConfigError, InputError
 from bigembed.graph.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.graph.collect import BadRow, Collector, FileStats, SideTypes
 from bigembed.graph.dictionary import NUM_SHARDS, ShardedDictionary
@@ -27,12 +28,13 @@ from bigembed.graph.edges import write_edge_manifest
 from bigembed.graph.entities import write_entity_store
 from bigembed.graph.format import index_dtype
 from bigembed.graph.inputs import BadColumnCount, ColumnSpec, InputFile, TextOptions, detect_format
-from bigembed.graph.locate import first_wrong_width, lines_of_rows, location
+from bigembed.graph.locate import first_wrong_width, header_suspicion, lines_of_rows, location
 from bigembed.graph.partitioning import Assignment, assign_partitions
-from bigembed.graph.publish import Publisher
+from bigembed.graph.publish import Publisher, planned_entity_files
 from bigembed.graph.relations import RelationMapper
 from bigembed.graph.runs import RunFiles
 from bigembed.graph.validate import WRONG_WIDTH
+from bigembed.output_paths import path_within, refuse_overlap, write_error
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema
@@ -157,6 +159,23 @@ class Importer:
             raise ConfigError("edge_paths: the same directory appears twice")
         if self.entity_path.resolve() in resolved:
             raise ConfigError("edge_paths: an edge path must differ from entity_path")
+        for k, edge_path in enumerate(self.edge_paths):
+            # publishing an edge store replaces its directory: nothing else may live in it
+            for other in [self.entity_path, *self.edge_paths[:k], *self.edge_paths[k + 1 :]]:
+                if path_within(other, edge_path):
+                    raise ConfigError(
+                        f"edge_paths: {other} lies inside the edge path {edge_path}; "
+                        f"keep each edge path apart from entity_path and the other edge paths"
+                    )
+        # no output may be, hold or lie inside an input file (the entity path itself may hold
+        # the inputs: only its entity files are written)
+        parts = {t: e.num_partitions for t, e in cfg.entities.items()}
+        entity_files = [self.entity_path / n for n in planned_entity_files(parts)]
+        refuse_overlap([*self.edge_paths, *entity_files], options.inputs)
+        for path in options.inputs:
+            if path_within(self.entity_path, path):
+                refuse_overlap([self.entity_path], [path])
+        self.import_id: str | None = None
         self.type_names = list(cfg.entities)
         self.type_index = {t: i for i, t in enumerate(self.type_names)}
 
@@ -175,19 +194,42 @@ class Importer:
                     skip_bad_lines=self.opt.skip_bad_lines,
                 )
             )
+        for source in sources:
+            why = header_suspicion(source)
+            if why is not None:
+                logger.warning(
+                    "%s: the first line looks like a header (%s); pass --header if it is",
+                    source.path,
+                    why,
+                )
         publisher = Publisher(self.entity_path, self.edge_paths, force=self.opt.force)
-        publisher.check()
+        try:
+            publisher.check()
+        except OSError as exc:
+            raise write_error(exc, self.entity_path, "import's outputs") from None
         try:
             work = publisher.begin()
             summary = self._run(sources, work, publisher)
+            assert self.import_id is not None
             t0 = time.monotonic()
-            publisher.publish()
+            publisher.publish(self.import_id)
             logger.debug("publish: %.2f s", time.monotonic() - t0)
+        except OSError as exc:
+            publisher.abort()
+            raise self._os_error(exc) from None
         except BaseException:
             publisher.abort()
             raise
         summary.seconds = time.monotonic() - start
         return summary
+
+    def _os_error(self, exc: OSError) -> BigembedError:
+        """A file-system error as a one-line error naming the path (an input or an output)."""
+        if exc.filename is not None:
+            name = Path(os.fsdecode(exc.filename))
+            if any(name == p or name.resolve() == p.resolve() for p in self.opt.inputs):
+                return InputError(f"{name}: cannot read ({exc.strerror or exc})")
+        return write_error(exc, self.entity_path, "import's outputs")
 
     def _run(self, sources: list[InputFile], work: Path, publisher: Publisher) -> ImportSummary:
         cfg, opt = self.cfg, self.opt
@@ -223,7 +265,7 @@ class Importer:
         if dropped_rels and opt.entity_min_count > 1:
             _recount(collector, all_runs, rel_remap)
         assignments, bases, dropped_entities = self._assign(collector)
-        write_entity_store(
+        self.import_id = write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
             relation_names=rel_names,
@@ -346,7 +388,12 @@ class Importer:
             bucket_counts=counts,
             dtypes=dtypes,
             has_weights=has_weights,
-            extra={"seed": self.cfg.seed, "source": str(report.path), "shuffled": True},
+            extra={
+                "seed": self.cfg.seed,
+                "source": str(report.path),
+                "shuffled": True,
+                "import_id": self.import_id,
+            },
         )
         report.edges = int(counts.sum())
         report.dropped_min_count = processor.dropped

@@ -19,6 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from bigembed.errors import InputError
+from bigembed.graph.arrow_files import ArrowObjects
 from bigembed.graph.throttle import ReadAheadLimit
 
 TEXT_FORMATS = ("tsv", "csv")
@@ -170,7 +171,8 @@ class InputFile:
 
     def _text_reader(
         self, include: list[str] | None, block_size: int, limit: ReadAheadLimit | None = None
-    ) -> tuple[BinaryIO, pacsv.CSVStreamingReader]:
+    ) -> tuple[BinaryIO, pacsv.CSVStreamingReader, ArrowObjects]:
+        """(raw file, reader, what to wait for after dropping the reader: see ``arrow_files``)."""
         raw, stream = self._open_stream()
         if limit is not None:
             limit.attach(stream)
@@ -189,25 +191,39 @@ class InputFile:
         )
         parse = self.text.parse_options(self.fmt)
         # The probe for the column names (include None) only needs the first row.
-        parse.invalid_row_handler = self.bad_columns.handler if include is not None else _skip
+        handed = ArrowObjects()  # Arrow alone may hold what it gets, so we know when it lets go
+        parse.invalid_row_handler = handed.callback(
+            self.bad_columns.handler if include is not None else _skip
+        )
         try:
             reader = pacsv.open_csv(
-                pa.PythonFile(stream, mode="r"),
+                pa.PythonFile(handed.file(stream), mode="r"),
                 read_options=read,
                 parse_options=parse,
                 convert_options=convert,
             )
         except pa.ArrowInvalid as exc:
-            raw.close()
+            del parse  # holds the row handler
+            self._drop(handed, raw)
             if self.bad_columns.first_text is not None and not self.bad_columns.skip:
                 raise BadColumnCount(self) from None
             if "Empty CSV file" in str(exc):
                 raise InputError(f"{self.path}: empty input file (no edges)") from None
             raise self._arrow_error(exc) from None
         except (OSError, pa.ArrowException) as exc:
-            raw.close()
+            del parse
+            self._drop(handed, raw)
             raise self._arrow_error(exc) from None
-        return raw, reader
+        return raw, reader, handed
+
+    def _drop(self, handed: ArrowObjects, raw: BinaryIO) -> None:
+        """After the reader is gone: close the input, wait until Arrow lets go of it, and raise
+        a read error Arrow was not told about (it saw the end of the input instead)."""
+        handed.stop()
+        raw.close()
+        handed.wait_released()
+        if handed.error is not None:
+            raise self._arrow_error(handed.error) from None
 
     def _arrow_error(self, exc: BaseException) -> InputError:
         what = f"{self.compression} " if self.compression else ""
@@ -220,11 +236,12 @@ class InputFile:
             except (OSError, pa.ArrowException) as exc:
                 raise self._arrow_error(exc) from None
         else:
-            raw, reader = self._text_reader(None, 1 << 20)
+            raw, reader, handed = self._text_reader(None, 1 << 20)
             try:
                 self.column_names = list(reader.schema.names)
             finally:
-                raw.close()
+                del reader
+                self._drop(handed, raw)
         first_line = 2 if self.text.header and self.fmt != "parquet" else 1
         for role, col in self.spec.roles().items():
             flag = f"--{role}-col"
@@ -267,7 +284,7 @@ class InputFile:
         names = list(self.selected.values())
         block = self.text.block_size
         limit = ReadAheadLimit(READ_AHEAD_BLOCKS * block)
-        raw, reader = self._text_reader(names, block, limit)
+        raw, reader, handed = self._text_reader(names, block, limit)
         by_name = {name: role for role, name in self.selected.items()}
         row = 0
         try:
@@ -295,7 +312,8 @@ class InputFile:
                 limit.advance(block)  # about one block of input per batch
         finally:
             limit.stop()
-            raw.close()
+            del reader
+            self._drop(handed, raw)
 
     def _parquet_batches(self) -> Iterator[Batch]:
         try:

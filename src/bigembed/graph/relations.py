@@ -19,9 +19,11 @@ from bigembed.graph.dictionary import GrowingDictionary
 from bigembed.graph.validate import (
     BAD_UTF8,
     EMPTY_RELATION,
+    NUL_BYTE,
     UNKNOWN_RELATION,
     Problem,
     as_strings,
+    has_nul,
 )
 
 
@@ -68,13 +70,16 @@ class RelationMapper:
         indices = encoded.indices.to_numpy()
         empty = pc.binary_length(local).to_numpy() == 0
         bad_utf8 = ~_valid_utf8(local)
-        good = ~empty & ~bad_utf8
+        nul = has_nul(local)
+        good = ~empty & ~bad_utf8 & ~nul
         local_ids = np.full(len(local), -1, dtype=np.int32)
         problems = []
         if empty.any():
             problems.append(Problem(empty[indices], EMPTY_RELATION))
         if bad_utf8.any():
             problems.append(Problem(bad_utf8[indices], BAD_UTF8))
+        if nul.any():
+            problems.append(Problem(nul[indices], NUL_BYTE))
         if self.dynamic:
             if good.any():
                 local_ids[good] = self.dictionary.encode(local.filter(pa.array(good)))

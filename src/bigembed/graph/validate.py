@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 EMPTY_NAME = "empty entity name"
 EMPTY_RELATION = "empty relation name"
 BAD_UTF8 = "non-UTF-8 bytes"
+NUL_BYTE = "NUL byte in a name"
 BAD_WEIGHT = "bad weight"
 UNKNOWN_RELATION = "unknown relation"
 WRONG_WIDTH = "wrong number of columns"
@@ -60,8 +61,14 @@ def _lengths(values: pa.Array) -> np.ndarray:
     return np.diff(offsets)
 
 
+def has_nul(values: pa.Array) -> np.ndarray:
+    """Mask of the strings holding a NUL byte (which C tools and many formats truncate at)."""
+    found = pc.match_substring(values.view(pa.binary()), b"\x00")
+    return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+
+
 def check_names(values: pa.Array, reason_empty: str) -> tuple[pa.Array, list[Problem]]:
-    """(strings, problems) of a name column: nulls/empty strings and invalid UTF-8."""
+    """(strings, problems) of a name column: nulls/empty strings, NUL bytes, invalid UTF-8."""
     values = as_strings(values)
     problems = []
     empty = _lengths(values) == 0
@@ -70,6 +77,9 @@ def check_names(values: pa.Array, reason_empty: str) -> tuple[pa.Array, list[Pro
         values = pc.fill_null(values, "")
     if empty.any():
         problems.append(Problem(empty, reason_empty))
+    nul = has_nul(values)
+    if nul.any():
+        problems.append(Problem(nul, NUL_BYTE))
     try:
         values.validate(full=True)
     except pa.ArrowInvalid:

@@ -31,12 +31,13 @@ import torch
 from bigembed import __version__
 from bigembed.atomic import atomic_directory, atomic_write_text
 from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
-from bigembed.errors import BigembedError, CheckpointError, InputError, OutputExistsError
+from bigembed.errors import BigembedError, CheckpointError, InputError
 from bigembed.graph.entities import write_entity_store
 from bigembed.inference import open_checkpoint, open_entity_store, relation_names
 from bigembed.interop.pbg_names import from_pbg as public_to_key
 from bigembed.interop.pbg_names import to_pbg as key_to_public
 from bigembed.model.scoring import ScoringModel
+from bigembed.output_paths import check_replaceable, refuse_overlap
 from bigembed.train.checkpoint import VERSION_FILE, CheckpointStore
 
 BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
@@ -55,10 +56,13 @@ def _h5py():
     return h5py
 
 
-def _refuse_existing(paths: list[Path], force: bool) -> None:
-    for p in paths:
-        if p.exists() and not force:
-            raise OutputExistsError(f"{p}: already exists; pass --force to replace it")
+def _refuse_existing(outputs: list[tuple[Path, str]], force: bool, inputs: list[Path]) -> None:
+    """Outputs apart from the inputs and each other; --force replaces only bigembed's own."""
+    (out_ck, _), (out_ent, _) = outputs
+    refuse_overlap([out_ck, out_ent], inputs)
+    refuse_overlap([out_ck], [out_ent])
+    for path, kind in outputs:
+        check_replaceable(path, kind, force=force)
 
 
 # ---------------------------------------------------------------------- PBG -> bigembed
@@ -112,6 +116,47 @@ def _open_h5(h5py, path: Path):
     return f
 
 
+def _in_file(h5py, group, name: str, path: Path):
+    """``group[name]``, or None if absent, refusing anything whose bytes live outside the file.
+
+    A crafted checkpoint could otherwise make the converter copy an arbitrary local file into
+    the output: an external link (another HDF5 file), a dataset with external raw storage
+    (``dset.external``: any file, read as raw bytes) or a virtual dataset (mapped from other
+    files). Soft links are refused too: PBG writes none, and refusing them rules out cycles.
+    """
+    where = f"{path}: {group.name.rstrip('/')}/{name}"
+    link = group.get(name, getlink=True)
+    if link is None:
+        return None
+    if isinstance(link, h5py.ExternalLink):
+        raise CheckpointError(f"{where} is an external link to {link.filename}:{link.path}; "
+                              "refusing to read data from outside the checkpoint file")
+    if isinstance(link, h5py.SoftLink):
+        raise CheckpointError(f"{where} is a soft link to {link.path}; a PBG checkpoint holds "
+                              "no links")
+    obj = group[name]
+    if isinstance(obj, h5py.Dataset):
+        if obj.external:
+            files = ", ".join(sorted({os.fsdecode(e[0]) for e in obj.external}))
+            raise CheckpointError(f"{where} stores its data in external file(s) {files}; "
+                                  "refusing to read data from outside the checkpoint file")
+        if obj.is_virtual:
+            raise CheckpointError(f"{where} is a virtual dataset (mapped from other files); "
+                                  "refusing to read data from outside the checkpoint file")
+    return obj
+
+
+def _datasets_in_file(h5py, group, path: Path, prefix: str = ""):
+    """(name relative to ``group``, dataset) of every dataset below ``group``, each checked
+    with :func:`_in_file`."""
+    for name in group:
+        obj = _in_file(h5py, group, name, path)
+        if isinstance(obj, h5py.Group):
+            yield from _datasets_in_file(h5py, obj, path, f"{prefix}{name}/")
+        elif isinstance(obj, h5py.Dataset):
+            yield f"{prefix}{name}", obj
+
+
 def _pbg_config(ckpt: Path, version: int, out_entity: Path, out_ckpt: Path, h5py) -> ConfigSchema:
     path = ckpt / "config.json"
     if path.exists():
@@ -158,7 +203,7 @@ def from_pbg(
     h5py = _h5py()
     src, src_ent = Path(pbg_checkpoint), Path(pbg_entity_path)
     out_ck, out_ent = Path(out_checkpoint).absolute(), Path(out_entity_path).absolute()
-    _refuse_existing([out_ck, out_ent], force)
+    _refuse_existing([(out_ck, "checkpoint"), (out_ent, "entities")], force, [src, src_ent])
     version = _pbg_version(src)
     if not src_ent.is_dir():
         raise InputError(f"{src_ent}: no such PBG entity path")
@@ -193,17 +238,14 @@ def from_pbg(
     state: dict[str, torch.Tensor] = {}
     with _open_h5(h5py, model_path) as f:
         iteration = _iteration_attrs(f.attrs)
-        group = f.get("model")
-        if group is not None:
-            def visit(name: str, obj) -> None:
-                if isinstance(obj, h5py.Dataset):
-                    try:
-                        key = public_to_key(name)
-                    except ValueError as exc:
-                        raise CheckpointError(f"{model_path}: {exc}") from None
-                    state[key] = torch.from_numpy(np.array(obj[...], dtype=np.float32))
-
-            group.visititems(visit)
+        group = _in_file(h5py, f, "model", model_path)
+        if isinstance(group, h5py.Group):
+            for name, obj in _datasets_in_file(h5py, group, model_path):
+                try:
+                    key = public_to_key(name)
+                except ValueError as exc:
+                    raise CheckpointError(f"{model_path}: {exc}") from None
+                state[key] = torch.from_numpy(np.array(obj[...], dtype=np.float32))
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -214,17 +256,18 @@ def from_pbg(
     for (etype, part), count in counts.items():
         path = src / f"embeddings_{etype}_{part}.v{version}.h5"
         with _open_h5(h5py, path) as f:
-            if "embeddings" not in f:
+            dset = _in_file(h5py, f, "embeddings", path)
+            if not isinstance(dset, h5py.Dataset):
                 raise CheckpointError(f"{path}: no 'embeddings' dataset")
-            emb = np.array(f["embeddings"][...], dtype=np.float32)
+            emb = np.array(dset[...], dtype=np.float32)
         dim = cfg.entity_dimension(etype)
         if emb.shape != (count, dim):
             raise CheckpointError(f"{path}: shape {emb.shape}, expected ({count}, {dim}) from "
                                   f"the entity count and the config's dimension")
         embeddings[(etype, part)] = emb
 
-    with atomic_directory(out_ent, force=force) as tmp_ent, \
-            atomic_directory(out_ck, force=force) as tmp_ck:
+    with atomic_directory(out_ent, force=force, marker="entities") as tmp_ent, \
+            atomic_directory(out_ck, force=force, marker="checkpoint") as tmp_ck:
         write_entity_store(tmp_ent, names=names, relation_names=rel_names,
                            dynamic_relations=cfg.dynamic_relations, seed=cfg.seed,
                            extra={"converted_from": str(src_ent.absolute())})
@@ -266,9 +309,10 @@ def to_pbg(
     """
     h5py = _h5py()
     out_ck, out_ent = Path(out_checkpoint).absolute(), Path(out_entity_path).absolute()
-    _refuse_existing([out_ck, out_ent], force)
     trained = open_checkpoint(checkpoint_dir)
     store = open_entity_store(trained, entity_path)
+    _refuse_existing([(out_ck, "pbg-checkpoint"), (out_ent, "pbg-entities")], force,
+                     [Path(checkpoint_dir), trained.path, store.path])
     cfg = trained.config
     version = trained.version
     rel_names = relation_names(trained)
@@ -288,8 +332,8 @@ def to_pbg(
             f.attrs[k] = v
 
     counts = {}
-    with atomic_directory(out_ent, force=force) as tmp_ent, \
-            atomic_directory(out_ck, force=force) as tmp_ck:
+    with atomic_directory(out_ent, force=force, marker="pbg-entities") as tmp_ent, \
+            atomic_directory(out_ck, force=force, marker="pbg-checkpoint") as tmp_ck:
         for etype in cfg.entities:
             for part in range(trained.num_partitions(etype)):
                 if (etype, part) not in trained.entity_counts:

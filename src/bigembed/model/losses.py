@@ -22,6 +22,13 @@ def _blocks(neg: Tensor | Negatives) -> list[Tensor]:
     return [neg] if isinstance(neg, Tensor) else [b for b in neg if b.shape[-1] > 0]
 
 
+def _zero(pos: Tensor) -> Tensor:
+    """A zero loss that still depends on ``pos``: backward gives zero gradients instead of
+    failing (a batch may have no negatives: num_batch_negs = num_uniform_negs = 0, or every
+    side disabled)."""
+    return pos.sum() * 0.0
+
+
 def _weighted_sum(per_positive: Tensor, weight: Tensor | None) -> Tensor:
     if weight is not None:
         per_positive = per_positive * weight
@@ -34,7 +41,7 @@ def ranking_loss(
     """Σ_j max(0, margin − s_i + t_ij)."""
     blocks = _blocks(neg)
     if pos.numel() == 0 or not blocks:
-        return pos.new_zeros(())
+        return _zero(pos)
     threshold = (pos - margin).unsqueeze(-1)
     per_positive = sum((b - threshold).clamp_min(0).sum(-1) for b in blocks)
     return _weighted_sum(per_positive, weight)
@@ -43,7 +50,7 @@ def ranking_loss(
 def logistic_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None) -> Tensor:
     """softplus(−s_i) + mean_j softplus(t_ij)."""
     if pos.numel() == 0:
-        return pos.new_zeros(())
+        return _zero(pos)
     per_positive = F.softplus(-pos)
     blocks = _blocks(neg)
     total = sum(b.shape[-1] for b in blocks)
@@ -94,13 +101,31 @@ class _SoftmaxLoss(torch.autograd.Function):
 def softmax_loss(pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None) -> Tensor:
     """−s_i + log(e^{s_i} + Σ_j e^{t_ij}): cross-entropy with the positive as the class."""
     if pos.numel() == 0:
-        return pos.new_zeros(())
+        return _zero(pos)
     return _SoftmaxLoss.apply(pos, weight, *_blocks(neg))
 
 
+class RankingLoss:
+    """:func:`ranking_loss` with its margin bound.
+
+    A module-level class, not a closure: the model (and so its loss) is pickled to spawn
+    Hogwild workers, and local functions cannot be pickled.
+    """
+
+    def __init__(self, margin: float) -> None:
+        self.margin = float(margin)
+
+    def __call__(self, pos: Tensor, neg: Tensor | Negatives, weight: Tensor | None) -> Tensor:
+        return ranking_loss(pos, neg, weight, self.margin)
+
+    def __repr__(self) -> str:
+        return f"RankingLoss(margin={self.margin})"
+
+
 def make_loss(name: str, margin: float = 0.1) -> LossFn:
+    """The loss called ``name``; every result is picklable (workers receive it by pickle)."""
     if name == "ranking":
-        return lambda pos, neg, weight: ranking_loss(pos, neg, weight, margin)
+        return RankingLoss(margin)
     if name == "logistic":
         return logistic_loss
     if name == "softmax":

@@ -24,8 +24,10 @@ never reads half a step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -42,11 +44,83 @@ from bigembed.errors import CheckpointError
 FORMAT_VERSION = 1
 VERSION_FILE = "checkpoint_version.txt"
 STATS_FILE = "training_stats.json"
+CONFIG_FILE = "config.json"
+# Present only while a run that started from an empty directory has not committed its first
+# version: it proves that the version-1 files next to it were written by bigembed.
+FRESH_MARKER = ".first_version_in_progress"
 _VERSIONED = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.(?P<ext>npy|pt|json)$")
+# Temporary names bigembed itself creates: atomic_file / atomic_write_bytes (mkstemp adds
+# ".XXXXXXXX"), link_partition's copy fallback (".NAME.tmp"), preserve's ".epoch_E.tmp/".
+_TMP_FILE = re.compile(r"^\.(?P<name>.+?)(?:\.[a-z0-9_]{8})?\.tmp$")
+_TMP_SNAPSHOT = re.compile(r"^\.epoch_\d+\.tmp$")
+_OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER}
+
+logger = logging.getLogger(__name__)
 
 
 def partition_stem(entity_type: str, part: int) -> str:
     return f"{entity_type}_{part}"
+
+
+def _is_own_name(name: str) -> bool:
+    """A file name bigembed writes in a checkpoint directory."""
+    return name in _OWN_NAMES or _VERSIONED.match(name) is not None
+
+
+def _is_own_temporary(name: str) -> bool:
+    m = _TMP_FILE.match(name)
+    return m is not None and _is_own_name(m.group("name"))
+
+
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a ``.npy`` file from its header alone (nothing else is read)."""
+    try:
+        with open(path, "rb") as f:
+            major, _minor = np.lib.format.read_magic(f)
+            if major == 1:
+                shape, _order, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, _order, dtype = np.lib.format.read_array_header_2_0(f)
+            size = os.fstat(f.fileno()).st_size
+            data_start = f.tell()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a readable .npy file ({exc})") from None
+    need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    if size - data_start < need:
+        raise CheckpointError(
+            f"{path}: truncated: its header promises shape {tuple(shape)} ({need:,} bytes) but "
+            f"the file holds {size - data_start:,} bytes of data"
+        )
+    return tuple(int(d) for d in shape), dtype
+
+
+def _write_error(path: Path, exc: OSError) -> CheckpointError:
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        why += " (free some space; the last committed checkpoint is intact and training resumes "
+        why += "from it)"
+    return CheckpointError(f"{path}: cannot write: {why}")
+
+
+def check_same_import(
+    checkpoint: str | os.PathLike[str],
+    recorded: object,
+    current: str | None,
+    entity_path: str | os.PathLike[str],
+) -> None:
+    """Refuse a checkpoint trained on another import of ``entity_path`` (other entity ids).
+
+    ``recorded`` is the checkpoint metadata's ``import_id``; None on either side (a checkpoint
+    or an entity store from before import ids) cannot be checked and passes.
+    """
+    if recorded is None or current is None or recorded == current:
+        return
+    raise CheckpointError(
+        f"{checkpoint} was trained on a different import of {entity_path} (import ids differ); "
+        "retrain or re-import the original data"
+    )
 
 
 class CheckpointStore:
@@ -54,22 +128,86 @@ class CheckpointStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._warned_stats = False
 
     # ------------------------------------------------------------------ versions
     def committed_version(self) -> int:
+        """The committed version; 0 when the version file is missing, empty or "0".
+
+        Whether such a 0 is safe (no trained files next to it) is :meth:`discard_uncommitted`'s
+        and :meth:`require_committed`'s business. Unreadable content is a CheckpointError.
+        """
         vfile = self.path / VERSION_FILE
-        if not vfile.exists():
+        try:
+            raw = vfile.read_bytes()
+        except FileNotFoundError:
             return 0
-        text = vfile.read_text().strip()
+        except IsADirectoryError:
+            raise CheckpointError(f"{vfile}: is a directory, not a version file") from None
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise CheckpointError(
+                f"{vfile}: not a version number (binary content); " + self._recovery_hint()
+            ) from None
         if not text:
             return 0
-        try:
-            return int(text)
-        except ValueError:
-            raise CheckpointError(f"{vfile}: not a version number: {text[:40]!r}") from None
+        if not text.isdigit():
+            raise CheckpointError(
+                f"{vfile}: not a version number: {text[:40]!r}; " + self._recovery_hint()
+            )
+        return int(text)
 
     def exists(self) -> bool:
         return self.committed_version() > 0
+
+    def versions_found(self) -> list[int]:
+        """Every version that has at least one file in the directory, ascending."""
+        if not self.path.is_dir():
+            return []
+        found = set()
+        for p in self.path.iterdir():
+            m = _VERSIONED.match(p.name)
+            if m:
+                found.add(int(m.group("version")))
+        return sorted(found)
+
+    def _complete(self, version: int) -> bool:
+        return self.metadata_path(version).exists() and self.model_path(version).exists()
+
+    def _recovery_hint(self) -> str:
+        versions = self.versions_found()
+        if not versions:
+            return "delete it to start training from scratch"
+        described = ", ".join(
+            f"{v}" + ("" if self._complete(v) else " (incomplete)") for v in versions
+        )
+        complete = [v for v in versions if self._complete(v)]
+        newest = complete[-1] if complete else versions[-1]
+        return (
+            f"versions found: {described}; write the newest complete version number "
+            f"(e.g. {newest}) into it to resume from that version"
+        )
+
+    def _unproven_files_error(self, committed_text: str) -> CheckpointError:
+        vfile = self.path / VERSION_FILE
+        return CheckpointError(
+            f"{vfile}: {committed_text}, but {self.path} holds trained checkpoint files; "
+            f"refusing to delete them: {self._recovery_hint()}"
+        )
+
+    def require_committed(self) -> int:
+        """The committed version (> 0) for a reader, or a CheckpointError saying what is wrong."""
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path}: no such checkpoint directory")
+        version = self.committed_version()
+        if version > 0:
+            return version
+        vfile = self.path / VERSION_FILE
+        if self.versions_found():
+            state = "missing" if not vfile.exists() else "holds no committed version"
+            raise CheckpointError(f"{vfile}: {state}; {self._recovery_hint()}")
+        raise CheckpointError(f"{self.path}: no complete checkpoint ({VERSION_FILE} missing)")
 
     def files_of(self, version: int) -> list[Path]:
         if not self.path.is_dir():
@@ -82,16 +220,77 @@ class CheckpointStore:
         return out
 
     def discard_uncommitted(self) -> int:
-        """Delete files of versions newer than the committed one (left by a killed run)."""
+        """Prepare the directory for training; returns how many leftover files were removed.
+
+        Removes what an interrupted run left: temporary files and snapshot directories with
+        names bigembed creates, and the files of versions newer than the committed one. The
+        latter only when that is provably safe: a valid committed version exists, or the
+        directory is marked as holding the first, uncommitted version of a run that started
+        from nothing (:data:`FRESH_MARKER`). A missing, empty or zero version file next to
+        trained files is refused with a recovery hint instead: nothing is deleted.
+        When nothing is committed, the fresh-run marker is written before any trained file.
+        """
         if not self.path.is_dir():
             return 0
         committed = self.committed_version()
+        vfile = self.path / VERSION_FILE
+        marker = self.path / FRESH_MARKER
+        newer = [
+            p
+            for p in self.path.iterdir()
+            if (m := _VERSIONED.match(p.name)) and int(m.group("version")) > committed
+        ]
+        if committed > 0 and newer and not self._complete(committed):
+            raise CheckpointError(
+                f"{vfile}: says version {committed}, but {self.metadata_path(committed).name} or "
+                f"{self.model_path(committed).name} is missing; refusing to delete the files of "
+                f"newer versions: {self._recovery_hint()}"
+            )
+        if committed == 0 and newer:
+            ours = marker.exists() and all(
+                int(_VERSIONED.match(p.name).group("version")) == 1  # type: ignore[union-attr]
+                for p in newer
+            )
+            if not ours:
+                state = "missing" if not vfile.exists() else "holds no committed version"
+                raise self._unproven_files_error(state)
+        removed = self._remove_temporaries()
+        for p in newer:
+            if p.is_dir():
+                raise CheckpointError(f"{p}: a directory where bigembed keeps a checkpoint file")
+            p.unlink()
+            removed += 1
+        try:
+            if committed == 0:
+                atomic_write_text(marker, f"first version of a run started at {time.time()}\n")
+            elif marker.exists():
+                marker.unlink()
+        except OSError as exc:
+            raise _write_error(marker, exc) from None
+        return removed
+
+    def _remove_temporaries(self) -> int:
+        """Delete temporary files and snapshot directories of an interrupted write or preserve.
+
+        Only names bigembed creates are touched; a snapshot directory holding anything else is
+        refused rather than deleted.
+        """
         removed = 0
         for p in self.path.iterdir():
-            m = _VERSIONED.match(p.name)
-            if (m and int(m.group("version")) > committed) or (
-                p.name.startswith(".") and p.name.endswith(".tmp")
-            ):
+            if _TMP_SNAPSHOT.match(p.name) and p.is_dir() and not p.is_symlink():
+                foreign = [
+                    c.name
+                    for c in p.iterdir()
+                    if not (_is_own_name(c.name) or _is_own_temporary(c.name))
+                ]
+                if foreign:
+                    raise CheckpointError(
+                        f"{p}: left by an interrupted snapshot but holds {foreign[0]!r}, which "
+                        "bigembed did not write; move it away"
+                    )
+                shutil.rmtree(p)
+                removed += 1
+            elif _is_own_temporary(p.name) and p.is_file():
                 p.unlink()
                 removed += 1
         return removed
@@ -109,22 +308,58 @@ class CheckpointStore:
     def save_partition(
         self, etype: str, part: int, version: int, emb: torch.Tensor, state: torch.Tensor
     ) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
         for target, tensor in (
             (self.embeddings_path(etype, part, version), emb),
             (self.optimizer_path(etype, part, version), state),
         ):
-            with atomic_file(target) as tmp, open(tmp, "wb") as f:
-                np.save(f, tensor.detach().numpy(), allow_pickle=False)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                with atomic_file(target) as tmp, open(tmp, "wb") as f:
+                    np.save(f, tensor.detach().numpy(), allow_pickle=False)
+            except OSError as exc:
+                raise _write_error(target, exc) from None
+
+    def check_partition(self, etype: str, part: int, version: int, count: int, dim: int) -> None:
+        """Check a stored partition's file headers against ``(count, dim)`` before allocating."""
+        epath = self.embeddings_path(etype, part, version)
+        shape, _dtype = npy_header(epath)
+        if shape != (count, dim):
+            raise CheckpointError(
+                f"{epath}: shape {shape} does not match the entity count and dimension "
+                f"{(count, dim)} (was the graph re-imported or the dimension changed?)"
+            )
+        spath = self.optimizer_path(etype, part, version)
+        if spath.exists():
+            sshape, _ = npy_header(spath)
+            if sshape != (count,):
+                raise CheckpointError(
+                    f"{spath}: shape {sshape} does not match the entity count {count}"
+                )
 
     def load_partition(
-        self, etype: str, part: int, version: int, out_emb: torch.Tensor, out_state: torch.Tensor
+        self,
+        etype: str,
+        part: int,
+        version: int,
+        out_emb: torch.Tensor,
+        out_state: torch.Tensor,
+        *,
+        require_state: bool = False,
     ) -> None:
-        """Read a partition straight into preallocated (possibly shared-memory) tensors."""
+        """Read a partition straight into preallocated (possibly shared-memory) tensors.
+
+        ``require_state``: the optimizer file must be there (a committed checkpoint of this
+        run); otherwise a missing one leaves the state at zero (a warm start).
+        """
         epath = self.embeddings_path(etype, part, version)
+        state_path = self.optimizer_path(etype, part, version)
+        if require_state and not state_path.exists():
+            raise CheckpointError(
+                f"{state_path}: missing from checkpoint version {version} (its optimizer state "
+                "would be lost); restore the file or train into a new checkpoint_path"
+            )
         try:
             emb = np.load(epath, mmap_mode="c", allow_pickle=False)
-            state_path = self.optimizer_path(etype, part, version)
             state = (
                 np.load(state_path, mmap_mode="c", allow_pickle=False)
                 if state_path.exists()
@@ -136,6 +371,11 @@ class CheckpointStore:
             raise CheckpointError(
                 f"{epath}: shape {tuple(emb.shape)} does not match the entity count and dimension "
                 f"{tuple(out_emb.shape)} (was the graph re-imported or the dimension changed?)"
+            )
+        if require_state and (state is None or state.shape != (out_emb.shape[0],)):
+            raise CheckpointError(
+                f"{state_path}: shape {None if state is None else state.shape} does not match "
+                f"the entity count {out_emb.shape[0]}"
             )
         out_emb.copy_(torch.from_numpy(emb))
         if state is not None and state.shape == (out_emb.shape[0],):
@@ -152,8 +392,13 @@ class CheckpointStore:
                     os.link(src, dst)
                 except OSError:
                     tmp = dst.with_name(f".{dst.name}.tmp")
-                    shutil.copyfile(src, tmp)
-                    os.replace(tmp, dst)
+                    try:
+                        shutil.copyfile(src, tmp)
+                        os.replace(tmp, dst)
+                    except OSError as exc:
+                        with contextlib.suppress(OSError):
+                            tmp.unlink()
+                        raise _write_error(dst, exc) from None
 
     # ------------------------------------------------------------------ model + metadata
     def model_path(self, version: int) -> Path:
@@ -165,16 +410,24 @@ class CheckpointStore:
     def save_model(self, version: int, payload: dict[str, Any]) -> None:
         buf = io.BytesIO()
         torch.save(payload, buf)
-        atomic_write_bytes(self.model_path(version), buf.getvalue())
+        path = self.model_path(version)
+        try:
+            atomic_write_bytes(path, buf.getvalue())
+        except OSError as exc:
+            raise _write_error(path, exc) from None
 
-    def load_model(self, version: int) -> dict[str, Any]:
+    def load_model(self, version: int, *, mmap: bool = False) -> dict[str, Any]:
+        """The model payload; ``mmap`` maps the tensors instead of reading them."""
         path = self.model_path(version)
         if not path.exists():
             raise CheckpointError(f"{path}: missing (incomplete checkpoint?)")
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read model parameters: {exc}") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
+            raise CheckpointError(f"{path}: not a bigembed model file (no 'model' entry)")
+        return payload
 
     def save_metadata(self, version: int, metadata: dict[str, Any]) -> None:
         data = {
@@ -183,14 +436,27 @@ class CheckpointStore:
             "time": time.time(),
             **metadata,
         }
-        atomic_write_text(self.metadata_path(version), json.dumps(data, indent=1, sort_keys=True))
+        path = self.metadata_path(version)
+        try:
+            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+        except OSError as exc:
+            raise _write_error(path, exc) from None
 
     def load_metadata(self, version: int | None = None) -> dict[str, Any]:
         version = self.committed_version() if version is None else version
         path = self.metadata_path(version)
-        if not path.exists():
-            raise CheckpointError(f"{path}: missing (no complete checkpoint in {self.path})")
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{path}: missing (no complete checkpoint in {self.path})"
+            ) from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: corrupt metadata ({exc})") from None
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: corrupt metadata (not a JSON object)")
         if data.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(
                 f"{path}: checkpoint format {data.get('format_version')} is not supported "
@@ -200,30 +466,79 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ stats
     def read_stats(self, max_version: int | None = None) -> list[dict[str, Any]]:
+        """The stats records (of versions up to ``max_version``).
+
+        The stats file is a log, not training state: a line that is not a JSON object with an
+        integer ``version`` (a damaged file) is left out with one warning per store, so that it
+        never blocks training; the next commit rewrites the file without it.
+        """
+        records, bad = self.read_stats_checked(max_version)
+        if bad and not self._warned_stats:
+            self._warned_stats = True
+            logger.warning(
+                "%s: ignoring %d unreadable line(s) (first: line %d); they are dropped when the "
+                "file is next rewritten",
+                self.path / STATS_FILE,
+                len(bad),
+                bad[0],
+            )
+        return records
+
+    def read_stats_checked(
+        self, max_version: int | None = None
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The readable records and the (1-based) numbers of the lines that are not."""
         path = self.path / STATS_FILE
-        if not path.exists():
-            return []
-        lines = []
-        for line in path.read_text().splitlines():
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return [], []
+        except OSError as exc:
+            raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        records, bad = [], []
+        for number, line in enumerate(raw.split(b"\n"), start=1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                rec = None
+            if not isinstance(rec, dict) or not isinstance(rec.get("version", 0), int):
+                bad.append(number)
+                continue
             if max_version is None or rec.get("version", 0) <= max_version:
-                lines.append(rec)
-        return lines
+                records.append(rec)
+        return records, bad
 
     def append_stats(self, records: list[dict[str, Any]], committed: int) -> None:
         """Rewrite the stats file atomically: committed lines plus ``records``."""
         kept = self.read_stats(max_version=committed)
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept + records)
-        atomic_write_text(self.path / STATS_FILE, text)
+        path = self.path / STATS_FILE
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
+
+    def write_config(self, text: str) -> None:
+        path = self.path / CONFIG_FILE
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            raise _write_error(path, exc) from None
 
     # ------------------------------------------------------------------ commit
     def commit(self, version: int, keep_versions: set[int] | None = None) -> None:
         """Make ``version`` the committed one, then drop the files of older versions."""
         previous = self.committed_version()
-        atomic_write_text(self.path / VERSION_FILE, f"{version}\n")
+        vfile = self.path / VERSION_FILE
+        try:
+            atomic_write_text(vfile, f"{version}\n")
+        except OSError as exc:
+            raise _write_error(vfile, exc) from None
         keep = keep_versions or set()
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / FRESH_MARKER).unlink()
         if previous and previous not in keep and previous != version:
             for p in self.files_of(previous):
                 with contextlib.suppress(FileNotFoundError):
@@ -234,16 +549,21 @@ class CheckpointStore:
         """Keep a snapshot of ``version`` in ``epoch_{epoch}/`` (hard links, so no copy)."""
         snap = self.path / f"epoch_{epoch}"
         tmp = self.path / f".epoch_{epoch}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for p in self.files_of(version):
-            os.link(p, tmp / p.name)
-        atomic_write_text(tmp / VERSION_FILE, f"{version}\n")
-        for name in ("config.json", STATS_FILE):
-            if (self.path / name).exists():
-                shutil.copyfile(self.path / name, tmp / name)
-        if snap.exists():
-            shutil.rmtree(snap)
-        os.replace(tmp, snap)
-        fsync_dir(self.path)
+        try:
+            if tmp.exists():
+                self._remove_temporaries()
+            tmp.mkdir(parents=True)
+            for p in self.files_of(version):
+                os.link(p, tmp / p.name)
+            atomic_write_text(tmp / VERSION_FILE, f"{version}\n")
+            for name in (CONFIG_FILE, STATS_FILE):
+                if (self.path / name).exists():
+                    shutil.copyfile(self.path / name, tmp / name)
+            if snap.exists():
+                shutil.rmtree(snap)
+            os.replace(tmp, snap)
+            fsync_dir(self.path)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_error(snap, exc) from None
         return snap

@@ -3,7 +3,8 @@
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
 shared-memory tables and the shuffled edges, trains its even share of them, and reports stats.
 Progress is published through a small shared tensor so the parent can draw a live progress bar.
-With one worker everything runs in the calling process.
+With one worker everything runs in the calling process. Workers die with the trainer, even one
+killed while they start up (see :mod:`bigembed.train.worker_guard`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.train.batching import make_batches
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
+from bigembed.train.worker_guard import worker_entry
 
 logger = logging.getLogger(__name__)
 
@@ -91,10 +93,13 @@ def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
     )
 
 
-def _worker_main(
-    rank: int, setup: WorkerSetup, tasks: mp.Queue, results: mp.Queue, board: Tensor
-) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+def worker_main(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
+    """The worker loop; its first message is ``(setup, board)``, then tasks until ``None``.
+
+    Runs after :func:`bigembed.train.worker_guard.worker_entry` has tied the process's life to
+    the trainer's.
+    """
+    setup, board = tasks.get()
     torch.set_num_threads(1)
     keep_freed_memory()
     trainer = _make_trainer(setup)
@@ -103,22 +108,19 @@ def _worker_main(
         board[rank, 0] += edges
         board[rank, 1] += loss
 
-    parent = os.getppid()
     while True:
-        try:
-            task = tasks.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:  # the trainer died (e.g. kill -9): do not linger
-                return
-            continue
+        task = tasks.get()
         if task is None:
             return
         try:
             stats = run_task(setup, task, trainer, progress)
-            results.put((rank, "ok", stats))
+            reply = (rank, "ok", stats)
         except Exception:
-            results.put((rank, "error", traceback.format_exc()))
+            reply = (rank, "error", traceback.format_exc())
+        # Drop the task's tables before replying: once the trainer has every reply it may evict
+        # a partition, and a mapping still held here would keep its shared memory alive.
         del task
+        results.put(reply)
 
 
 class HogwildPool:
@@ -133,14 +135,17 @@ class HogwildPool:
             self._tasks = [ctx.Queue() for _ in range(workers)]
             self._results = ctx.Queue()
             for rank in range(workers):
+                # Only small arguments: the setup follows as the first task message, so that a
+                # worker guards itself against its parent's death before unpickling anything.
                 p = ctx.Process(
-                    target=_worker_main,
-                    args=(rank, setup, self._tasks[rank], self._results, self.board),
+                    target=worker_entry,
+                    args=(os.getpid(), rank, self._tasks[rank], self._results),
                     name=f"bigembed-hogwild-{rank}",
                     daemon=True,
                 )
                 p.start()
                 self._procs.append(p)
+                self._tasks[rank].put((setup, self.board))
         else:
             keep_freed_memory()
             self._trainer = _make_trainer(setup)

@@ -22,15 +22,14 @@ import torch
 from tqdm import tqdm
 
 from bigembed import __version__
-from bigembed.atomic import atomic_write_text
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.eval.metrics import RankingSums
-from bigembed.graph.edges import EdgeStore
+from bigembed.graph.edges import EdgeStore, check_edges_import
 from bigembed.graph.entities import EntityStore
 from bigembed.model.scoring import ScoringModel
 from bigembed.train.bucket_order import Bucket, bucket_order
-from bigembed.train.checkpoint import CheckpointStore
+from bigembed.train.checkpoint import CheckpointStore, check_same_import
 from bigembed.train.evaluation import evaluate_edges, split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.partitions import PartitionKey, PartitionSource, PartitionStore
@@ -129,6 +128,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checks
     def _check_graph(self) -> None:
+        check_edges_import(self.entities, *self.edge_stores)
         cfg = self.cfg
         for etype in {t for r in cfg.relations for t in (r.lhs, r.rhs)}:
             if etype not in self.entities.entity_types:
@@ -181,6 +181,10 @@ class Trainer:
             init_version = init_store.committed_version()
             if init_version <= 0:
                 raise CheckpointError(f"init_path {cfg.init_path}: no committed checkpoint there")
+            init_meta = init_store.load_metadata(init_version)
+            check_same_import(
+                init_store.path, init_meta.get("import_id"), self._import_id(), cfg.entity_path
+            )
             payload = init_store.load_model(init_version)
             payload["optimizer"] = None  # warm start: parameters yes, optimizer state no
             init_source = PartitionSource(init_store, init_version)
@@ -223,7 +227,12 @@ class Trainer:
             },
             "num_relations": self.num_relations,
             "relation_names": list(self.entities.relation_names()),
+            "import_id": self._import_id(),
         }
+
+    def _import_id(self) -> str | None:
+        """Which import of the entity path this run trains on (None: imported before ids)."""
+        return self.entities.import_id
 
     # ------------------------------------------------------------------ hooks (the distributed
     # trainer overrides these; see bigembed.dist.trainer)
@@ -273,8 +282,7 @@ class Trainer:
         ck = self.checkpoint
         version = it.index + 1
         ck.append_stats([*records, summary], committed=it.index)
-        config_text = json.dumps(config_to_dict(cfg), indent=1)
-        atomic_write_text(ck.path / "config.json", config_text)
+        ck.write_config(json.dumps(config_to_dict(cfg), indent=1))
         preserve = cfg.checkpoint_preservation_interval
         last_of_epoch = (
             it.edge_path_idx == len(cfg.edge_paths) - 1 and it.chunk == self.num_chunks - 1
@@ -297,6 +305,7 @@ class Trainer:
                     f"{ck.path}: checkpoint was made with {it.get('num_edge_chunks')} edge chunks, "
                     f"the config now gives {self.num_chunks}; set num_edge_chunks to match"
                 )
+            check_same_import(ck.path, meta.get("import_id"), self._import_id(), cfg.entity_path)
             logger.info("resuming from checkpoint version %d of %d", committed, total_steps)
         result = TrainResult(version=committed, steps_run=0)
         if committed >= total_steps:
@@ -459,6 +468,9 @@ class Trainer:
             record["edges_per_sec"] = stats.count / seconds if seconds > 0 else 0.0
             records.append(record)
             bucket_index += 1
+            # Drop this bucket's tables now: held until the next ensure() returns, a partition
+            # it swaps out would stay in memory beside the one it loads.
+            del tables, eval_args
         tick()
         bar.close()
 

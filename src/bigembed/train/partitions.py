@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from bigembed.errors import BigembedError
+from bigembed.errors import BigembedError, CheckpointError
 from bigembed.train.checkpoint import CheckpointStore
 from bigembed.train.step import Table
 
@@ -127,30 +127,50 @@ class PartitionStore:
 
     # ------------------------------------------------------------------ load / save
     def _load(self, key: PartitionKey) -> Table:
+        """A partition's latest value: this run's working version, else the committed one.
+
+        With a committed checkpoint every partition must be in it: a missing file is an error,
+        never a silent re-initialisation (its trained rows would be lost). File headers are
+        checked against the entity count and dimension before anything is allocated.
+        """
         etype, part = key
-        table = self._allocate(key)
+        count, dim = self.counts[key], self.dims[etype]
         ck = self.checkpoint
-        if self.remote is not None and self.remote.fetch(key, table.emb, table.state):
-            pass
-        elif ck.has_partition(etype, part, self.working):
-            ck.load_partition(etype, part, self.working, table.emb, table.state)
-        elif self.committed > 0 and ck.has_partition(etype, part, self.committed):
-            ck.load_partition(etype, part, self.committed, table.emb, table.state)
+        table: Table | None = None
+        if self.remote is not None:
+            table = self._allocate(key)
+            if self.remote.fetch(key, table.emb, table.state):
+                self.bytes_read += self.table_bytes(key)
+                return table
+        source: tuple[CheckpointStore, int, bool] | None = None
+        if ck.has_partition(etype, part, self.working):
+            source = (ck, self.working, True)
+        elif self.committed > 0:
+            if not ck.has_partition(etype, part, self.committed):
+                raise CheckpointError(
+                    f"{ck.embeddings_path(etype, part, self.committed)}: missing from checkpoint "
+                    f"version {self.committed} (partition {part} of '{etype}'; training on would "
+                    "re-initialise it and lose its trained rows); restore the file, or train into "
+                    "a new checkpoint_path"
+                )
+            source = (ck, self.committed, True)
         elif self.init_source is not None and self.init_source.store.has_partition(
             etype, part, self.init_source.version
         ):
-            self.init_source.store.load_partition(
-                etype, part, self.init_source.version, table.emb, table.state
-            )
-            table.state.zero_()
-        else:
-            table.emb.copy_(
-                init_embeddings(
-                    self.counts[key], self.dims[etype], self.init_scale, self.seed, etype, part
-                )
-            )
+            source = (self.init_source.store, self.init_source.version, False)
+        if source is not None:
+            store, version, own = source
+            store.check_partition(etype, part, version, count, dim)
+        if table is None:
+            table = self._allocate(key)
+        if source is None:
+            table.emb.copy_(init_embeddings(count, dim, self.init_scale, self.seed, etype, part))
             table.state.zero_()
             return table
+        store, version, own = source
+        store.load_partition(etype, part, version, table.emb, table.state, require_state=own)
+        if not own:
+            table.state.zero_()  # warm start: parameters yes, optimizer state no
         self.bytes_read += self.table_bytes(key)
         return table
 

@@ -1,0 +1,120 @@
+"""Hogwild workers (and their helper processes) do not outlive a trainer killed with SIGKILL.
+
+Every process started for one run is found through a unique environment variable that the
+trainer's children inherit (``/proc/PID/environ``), so no parent chain needs to be followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bigembed.config import config_to_dict
+from bigembed.train.checkpoint import CheckpointStore
+from synthetic import graph_config, write_graph
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+
+MARK = "BIGEMBED_ORPHAN_TEST"
+GRACE_SECONDS = 5.0
+
+
+def _marked(mark: str) -> dict[int, str]:
+    """pid -> command line of every live process whose environment holds ``mark``."""
+    needle = f"{MARK}={mark}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # a zombie holds no memory; its parent (us) reaps it
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("orphans")
+    write_graph(root, num_entities=2000, num_edges=40000)
+    cfg = graph_config(root, num_epochs=100, dimension=64, workers=2)
+    path = root / "config.json"
+    path.write_text(json.dumps(config_to_dict(cfg)))
+    return path
+
+
+def _start(config: Path, mark: str) -> subprocess.Popen:
+    env = dict(os.environ, **{MARK: mark})
+    cmd = [sys.executable, "-m", "bigembed.cli", "train", str(config), "--no-progress"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _kill_and_check(proc: subprocess.Popen, mark: str) -> None:
+    before = _marked(mark)
+    assert len(before) >= 3, f"expected the trainer and its workers, found {before}"
+    proc.kill()  # SIGKILL to the trainer alone: its children get no signal from us
+    proc.wait()
+    deadline = time.monotonic() + GRACE_SECONDS
+    left = _marked(mark)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _marked(mark)
+    for pid in left:  # do not leak them into the rest of the test session
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still alive {GRACE_SECONDS}s after the trainer was killed: {left}"
+
+
+def _workers_spawned(mark: str) -> bool:
+    return any("spawn_main" in cmd for cmd in _marked(mark).values())
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.6])
+def test_kill_during_worker_startup_leaves_no_process(config_file: Path, delay: float) -> None:
+    """Killed while the workers are still importing and unpickling (the old leak)."""
+    mark = uuid.uuid4().hex
+    proc = _start(config_file, mark)
+    try:
+        _wait_for(lambda: _workers_spawned(mark), 60, "the Hogwild workers to be spawned")
+        time.sleep(delay)
+    except BaseException:
+        proc.kill()
+        raise
+    _kill_and_check(proc, mark)
+
+
+def test_kill_mid_training_leaves_no_process(config_file: Path) -> None:
+    mark = uuid.uuid4().hex
+    store = CheckpointStore(config_file.parent / "model")
+    start = store.committed_version()
+    proc = _start(config_file, mark)
+    try:
+        _wait_for(lambda: store.committed_version() > start, 120, "a committed training step")
+    except BaseException:
+        proc.kill()
+        raise
+    _kill_and_check(proc, mark)
