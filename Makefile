@@ -20,11 +20,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/bigembed demo
 
-test: $(STAMP)
+# The test command CI runs (.ci/run): lint, format and type checks first, then the suite.
+test: lint
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) bench/import_bench.py

@@ -34,15 +34,22 @@ RUNS = [
     # label, command, extra -p overrides
     ("1 rank x 1 worker (reference)", "train", ["workers=1"]),
     ("1 rank x 2 workers", "train", ["workers=2"]),
-    ("2 ranks x 1 worker, partition servers on the trainers (-1)", "launch",
-     ["workers=1", "num_partition_servers=-1"]),
-    ("2 ranks x 1 worker, swap through the checkpoint dir (0)", "launch",
-     ["workers=1", "num_partition_servers=0"]),
+    (
+        "2 ranks x 1 worker, partition servers on the trainers (-1)",
+        "launch",
+        ["workers=1", "num_partition_servers=-1"],
+    ),
+    (
+        "2 ranks x 1 worker, swap through the checkpoint dir (0)",
+        "launch",
+        ["workers=1", "num_partition_servers=0"],
+    ),
 ]
 
 
-def run_one(cfg_path: Path, ckpt: Path, label: str, command: str, extra: list[str],
-            epochs: int) -> dict[str, float | str]:
+def run_one(
+    cfg_path: Path, ckpt: Path, label: str, command: str, extra: list[str], epochs: int
+) -> dict[str, float | str]:
     shutil.rmtree(ckpt, ignore_errors=True)
     params = [f"checkpoint_path={ckpt}", *extra]
     argv = [sys.executable, "-m", "bigembed.cli", command, str(cfg_path)]
@@ -64,7 +71,8 @@ def run_one(cfg_path: Path, ckpt: Path, label: str, command: str, extra: list[st
         "edges_per_s": edges / seconds,
         "net_mb_per_epoch": sum(s.get("net_bytes", 0) for s in steps) / epochs / 1e6,
         "part_mb_per_epoch": sum(s["io_bytes_read"] + s["io_bytes_written"] for s in steps)
-        / epochs / 1e6,
+        / epochs
+        / 1e6,
         "loss": steps[-1]["stats"]["loss"],
     }
 
@@ -85,26 +93,50 @@ def main() -> int:
     graph = workdir / f"graph_{args.entities}_{args.edges}_{args.partitions}"
     if not (graph / "edges").exists():
         shutil.rmtree(graph, ignore_errors=True)
-        write_graph(graph, num_entities=args.entities, num_edges=args.edges,
-                    num_partitions=args.partitions, num_relations=10, seed=1)
+        write_graph(
+            graph,
+            num_entities=args.entities,
+            num_edges=args.edges,
+            num_partitions=args.partitions,
+            num_relations=10,
+            seed=1,
+        )
     cfg = graph_config(
-        graph, num_partitions=args.partitions, num_epochs=args.epochs, dimension=args.dimension,
-        batch_size=1000, num_batch_negs=50, num_uniform_negs=50, lr=0.1,
+        graph,
+        num_partitions=args.partitions,
+        num_epochs=args.epochs,
+        dimension=args.dimension,
+        batch_size=1000,
+        num_batch_negs=50,
+        num_uniform_negs=50,
+        lr=0.1,
     )
     cfg_path = workdir / "config.json"
     cfg_path.write_text(json.dumps(config_to_dict(cfg)))
 
-    rows = [run_one(cfg_path, workdir / f"ckpt{k}", label, cmd, extra, args.epochs)
-            for k, (label, cmd, extra) in enumerate(RUNS)]
-    print(f"\n{args.entities:,} entities, {args.edges:,} edges, {args.partitions} partitions, "
-          f"dimension {args.dimension}, {args.epochs} epochs, {os.cpu_count()} CPUs\n")
-    head = ("run", "wall s", "edges/s (epochs 2+)", "net MB/epoch", "partition I/O MB/epoch",
-            "last loss")
+    rows = [
+        run_one(cfg_path, workdir / f"ckpt{k}", label, cmd, extra, args.epochs)
+        for k, (label, cmd, extra) in enumerate(RUNS)
+    ]
+    print(
+        f"\n{args.entities:,} entities, {args.edges:,} edges, {args.partitions} partitions, "
+        f"dimension {args.dimension}, {args.epochs} epochs, {os.cpu_count()} CPUs\n"
+    )
+    head = (
+        "run",
+        "wall s",
+        "edges/s (epochs 2+)",
+        "net MB/epoch",
+        "partition I/O MB/epoch",
+        "last loss",
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
-        print(f"| {r['run']} | {r['wall_s']:.1f} | {r['edges_per_s']:,.0f} | "
-              f"{r['net_mb_per_epoch']:.1f} | {r['part_mb_per_epoch']:.1f} | {r['loss']:.4f} |")
+        print(
+            f"| {r['run']} | {r['wall_s']:.1f} | {r['edges_per_s']:,.0f} | "
+            f"{r['net_mb_per_epoch']:.1f} | {r['part_mb_per_epoch']:.1f} | {r['loss']:.4f} |"
+        )
     return 0
 
 

@@ -37,13 +37,26 @@ def cli(*args: str) -> list[str]:
 
 def ensure_import(work: Path) -> None:
     ents = work / "entities"
-    if (ents / "manifest.json").exists() and all((work / s / "manifest.json").exists()
-                                                 for s in SPLITS):
+    if (ents / "manifest.json").exists() and all(
+        (work / s / "manifest.json").exists() for s in SPLITS
+    ):
         return
     paths = ",".join(str(work / s) for s in SPLITS)
-    subprocess.run(cli("import", str(CONFIG), "-p", f"entity_path={ents}", "-p",
-                       f"edge_paths={paths}", *(str(DATA / f"{s}.txt.gz") for s in SPLITS),
-                       "--no-progress", "--force"), check=True, cwd=ROOT)
+    subprocess.run(
+        cli(
+            "import",
+            str(CONFIG),
+            "-p",
+            f"entity_path={ents}",
+            "-p",
+            f"edge_paths={paths}",
+            *(str(DATA / f"{s}.txt.gz") for s in SPLITS),
+            "--no-progress",
+            "--force",
+        ),
+        check=True,
+        cwd=ROOT,
+    )
 
 
 def untrained_checkpoint(work: Path, cfg) -> Path:
@@ -69,9 +82,16 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
             store.save_partition(t, p, 1, emb, torch.zeros(n))
             counts[f"{t}_{p}"] = n
     store.save_model(1, {"model": model.state_dict(), "optimizer": None})
-    store.save_metadata(1, {"config": config_to_dict(cfg), "iteration": {},
-                            "entity_counts": counts, "num_relations": ents.num_relations,
-                            "relation_names": ents.relation_names()})
+    store.save_metadata(
+        1,
+        {
+            "config": config_to_dict(cfg),
+            "iteration": {},
+            "entity_counts": counts,
+            "num_relations": ents.num_relations,
+            "relation_names": ents.relation_names(),
+        },
+    )
     atomic_write_text(path / VERSION_FILE, "1\n")
     return path
 
@@ -92,29 +112,55 @@ def in_process(cfg, ckpt: Path, work: Path) -> dict[str, float]:
     every = EvalEdges.concat(list(sets.values()))
     known = KnownEdges(every.lhs, every.rel, every.rhs, trained.model.num_relations)
     t2 = time.perf_counter()
-    res = rank_edges(trained.model, EntityTables(trained), trained.partition_bases,
-                     sets["test"], known)
+    res = rank_edges(
+        trained.model, EntityTables(trained), trained.partition_bases, sets["test"], known
+    )
     t3 = time.perf_counter()
     ranks = np.concatenate([res.lhs.filtered, res.rhs.filtered])
-    return {"open": t1 - t0, "filters": t2 - t1, "ranking": t3 - t2, "total": t3 - t0,
-            "edges": len(sets["test"]), "known": known.num_edges,
-            "entities": int(trained.partition_bases[cfg.relations[0].rhs][-1]),
-            "mrr": summarize(ranks)["mrr"]}
+    return {
+        "open": t1 - t0,
+        "filters": t2 - t1,
+        "ranking": t3 - t2,
+        "total": t3 - t0,
+        "edges": len(sets["test"]),
+        "known": known.num_edges,
+        "entities": int(trained.partition_bases[cfg.relations[0].rhs][-1]),
+        "mrr": summarize(ranks)["mrr"],
+    }
 
 
 def command(ckpt: Path, cfg, work: Path, out: Path) -> float:
     t = time.perf_counter()
-    subprocess.run(cli("eval", str(CONFIG), "-p", f"entity_path={cfg.entity_path}",
-                       "-p", f"checkpoint_path={ckpt}", "-p", f"edge_paths={work / 'train'}",
-                       "--edges", str(work / "test"), "--filter-edges", str(work / "train"),
-                       str(work / "valid"), "--no-progress", "--output", str(out)),
-                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        cli(
+            "eval",
+            str(CONFIG),
+            "-p",
+            f"entity_path={cfg.entity_path}",
+            "-p",
+            f"checkpoint_path={ckpt}",
+            "-p",
+            f"edge_paths={work / 'train'}",
+            "--edges",
+            str(work / "test"),
+            "--filter-edges",
+            str(work / "train"),
+            str(work / "valid"),
+            "--no-progress",
+            "--output",
+            str(out),
+        ),
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workdir", default="/tmp/bigembed_bench")
     parser.add_argument("--checkpoint", help="a trained FB15k-237 checkpoint directory")
     parser.add_argument("--repeat", type=int, default=3)
@@ -125,10 +171,19 @@ def main() -> int:
     work = Path(args.workdir)
     ensure_import(work)
     trained_default = work / "model_float32_1ep"
-    ckpt = Path(args.checkpoint) if args.checkpoint else (
-        trained_default if trained_default.exists() else work / "model_untrained")
-    cfg = load_config(CONFIG, [f"entity_path={work / 'entities'}",
-                               f"edge_paths={work / 'train'}", f"checkpoint_path={ckpt}"])
+    ckpt = (
+        Path(args.checkpoint)
+        if args.checkpoint
+        else (trained_default if trained_default.exists() else work / "model_untrained")
+    )
+    cfg = load_config(
+        CONFIG,
+        [
+            f"entity_path={work / 'entities'}",
+            f"edge_paths={work / 'train'}",
+            f"checkpoint_path={ckpt}",
+        ],
+    )
     untrained = not (ckpt / "checkpoint_version.txt").exists()
     if untrained:
         untrained_checkpoint(work, cfg)
@@ -142,16 +197,20 @@ def main() -> int:
 
     r0 = runs[0]
     pairs = 2 * r0["edges"] * r0["entities"]
-    print(f"FB15k-237 test, filtered full ranking: {r0['edges']:,} edges x 2 sides x "
-          f"{r0['entities']:,} entities; {r0['known']:,} known edges; "
-          f"{torch.get_num_threads()} threads, "
-          f"load average {load_before:.2f} at start")
+    print(
+        f"FB15k-237 test, filtered full ranking: {r0['edges']:,} edges x 2 sides x "
+        f"{r0['entities']:,} entities; {r0['known']:,} known edges; "
+        f"{torch.get_num_threads()} threads, "
+        f"load average {load_before:.2f} at start"
+    )
     print(f"checkpoint: {ckpt}{' (untrained: timing only)' if untrained else ''}")
     print(f"{'stage':<44}{'best s':>8} {'median':>8}")
-    for key, label in (("open", "open checkpoint + load edge sets"),
-                       ("filters", "filter index"),
-                       ("ranking", "ranking (both sides, raw + filtered)"),
-                       ("total", "in-process total")):
+    for key, label in (
+        ("open", "open checkpoint + load edge sets"),
+        ("filters", "filter index"),
+        ("ranking", "ranking (both sides, raw + filtered)"),
+        ("total", "in-process total"),
+    ):
         print(f"{label:<44}{cell([r[key] for r in runs])}")
     print(f"{'`bigembed eval` command (wall, incl. start-up)':<44}{cell(cmd)}")
     best = min(r["ranking"] for r in runs)

@@ -73,8 +73,10 @@ def main() -> int:
                     trainer.step(random_batch(), table, table)
                 seconds = (time.perf_counter() - t0) / args.steps
             best[(dtype, fused)] = min(best[(dtype, fused)], seconds)
-    print(f"\nBatchTrainer.step, FB15k-237 example model, batch 1000, 1 thread, best of "
-          f"{args.rounds} x {args.steps} steps")
+    print(
+        f"\nBatchTrainer.step, FB15k-237 example model, batch 1000, 1 thread, best of "
+        f"{args.rounds} x {args.steps} steps"
+    )
     print("| dtype | loss path | ms/step | edges/s per thread | fused / unfused |")
     print("|---|---|---|---|---|")
     for dtype, fused in variants:

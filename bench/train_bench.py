@@ -6,6 +6,7 @@ torch.mm's fp32 / bf16 peaks measured in the same run, and the filtered test MRR
 
     python bench/train_bench.py --epochs 1                 # fp32
     python bench/train_bench.py --epochs 5 --dtype both    # fp32 and bf16, with quality
+    python bench/train_bench.py --config bench/fb15k237_pbg_defaults.yaml  # PBG defaults
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=CONFIG,
+        help="config to train (default: examples/fb15k237.yaml); its paths are overridden",
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="float32")
@@ -71,7 +78,7 @@ def main() -> int:
                 "-m",
                 "bigembed.cli",
                 "import",
-                str(CONFIG),
+                str(args.config),
                 *common,
                 "-p",
                 "edge_paths=" + ",".join(map(str, paths)),
@@ -96,7 +103,7 @@ def main() -> int:
             "-p",
             f"compute_dtype={dtype}",
         ]
-        cfg = load_config(CONFIG, overrides=[o for o in overrides if o != "-p"])
+        cfg = load_config(args.config, overrides=[o for o in overrides if o != "-p"])
         subprocess.run(["rm", "-rf", str(ckpt)], check=True)
         t0 = time.perf_counter()
         run(
@@ -105,7 +112,7 @@ def main() -> int:
                 "-m",
                 "bigembed.cli",
                 "train",
-                str(CONFIG),
+                str(args.config),
                 *overrides,
                 "--no-progress",
             ]
@@ -131,7 +138,7 @@ def main() -> int:
                 wall,
                 eps,
                 gflops,
-                gflops / (peak16 if dtype == 'bfloat16' else peak32),
+                gflops / (peak16 if dtype == "bfloat16" else peak32),
                 rss_mb,
                 mrr,
                 hits10,
@@ -140,7 +147,7 @@ def main() -> int:
 
     print()
     print(
-        f"FB15k-237, {CONFIG.name}: d={cfg.dimension}, {cfg.num_uniform_negs} uniform + "
+        f"FB15k-237, {args.config.name}: d={cfg.dimension}, {cfg.num_uniform_negs} uniform + "
         f"{cfg.num_batch_negs} batch negatives, workers={args.workers}, {os.cpu_count()} cores; "
         f"{flop_per_edge(cfg) / 1e6:.2f} MFLOP/edge"
     )

@@ -48,8 +48,10 @@ def write_graph(
         dynamic_relations=dynamic,
         seed=0,
     )
-    where = {t: {n: (p, o) for p, names in enumerate(parts) for o, n in enumerate(names)}
-             for t, parts in partitions.items()}
+    where = {
+        t: {n: (p, o) for p, names in enumerate(parts) for o, n in enumerate(names)}
+        for t, parts in partitions.items()
+    }
     only = next(iter(partitions))
     rel_types = rel_types or {r: (only, only) for r in relations}
     rel_ids = {r: i for i, r in enumerate(relations)}
@@ -111,10 +113,15 @@ def user_item_config(root: Path) -> ConfigSchema:
     """Two entity types (users in 2 partitions, items in 1), global embeddings, and a linear
     (user buys item) and a translation (user follows user) relation: standard mode."""
     return make_config(
-        root, dimension=3, global_emb=True,
+        root,
+        dimension=3,
+        global_emb=True,
         entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
-        relations=[{"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
-                   {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}])
+        relations=[
+            {"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
+            {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"},
+        ],
+    )
 
 
 def write_config_file(cfg: ConfigSchema, path: Path) -> Path:
@@ -145,13 +152,16 @@ def write_checkpoint(
         t = torch.from_numpy(np.asarray(emb, np.float32))
         store.save_partition(etype, part, version, t, torch.zeros(t.shape[0]))
     store.save_model(version, {"model": model.state_dict(), "optimizer": None})
-    store.save_metadata(version, {
-        "config": config_to_dict(cfg),
-        "iteration": {"num_edge_chunks": 1},
-        "entity_counts": {f"{t}_{p}": len(e) for (t, p), e in embeddings.items()},
-        "num_relations": len(relation_names),
-        "relation_names": list(relation_names),
-    })
+    store.save_metadata(
+        version,
+        {
+            "config": config_to_dict(cfg),
+            "iteration": {"num_edge_chunks": 1},
+            "entity_counts": {f"{t}_{p}": len(e) for (t, p), e in embeddings.items()},
+            "num_relations": len(relation_names),
+            "relation_names": list(relation_names),
+        },
+    )
     atomic_write_text(Path(cfg.checkpoint_path) / VERSION_FILE, f"{version}\n")
     return model
 
@@ -164,18 +174,31 @@ def ring_graph(n: int = 12) -> tuple[list[str], list[Edge]]:
     return names, edges
 
 
-def trained_graph(root: Path, *, partitions: int = 1, repeat: int = 100, **overrides: Any
-                  ) -> tuple[ConfigSchema, list[Edge]]:
+def trained_graph(
+    root: Path, *, partitions: int = 1, repeat: int = 100, **overrides: Any
+) -> tuple[ConfigSchema, list[Edge]]:
     """Train a tiny dynamic-relations model on :func:`ring_graph` (each edge ``repeat`` times)."""
     names, edges = ring_graph()
     parts = [names[p::partitions] for p in range(partitions)]
-    write_graph(root, {"node": parts}, ["far", "next"], {"train": edges * repeat,
-                                                          "test": edges}, dynamic=True)
+    write_graph(
+        root,
+        {"node": parts},
+        ["far", "next"],
+        {"train": edges * repeat, "test": edges},
+        dynamic=True,
+    )
     settings: dict[str, Any] = dict(
         entities={"node": {"num_partitions": partitions}},
         relations=[{"name": "all", "lhs": "node", "rhs": "node", "operator": "complex_diagonal"}],
-        dynamic_relations=True, dimension=16, num_epochs=1, batch_size=60, num_batch_negs=10,
-        num_uniform_negs=10, lr=0.2, init_scale=0.5, seed=1,
+        dynamic_relations=True,
+        dimension=16,
+        num_epochs=1,
+        batch_size=60,
+        num_batch_negs=10,
+        num_uniform_negs=10,
+        lr=0.2,
+        init_scale=0.5,
+        seed=1,
     )
     settings.update(overrides)
     cfg = make_config(root, **settings)

@@ -33,8 +33,12 @@ from bigembed.train.checkpoint import CheckpointStore
 from synthetic import graph_config, write_graph
 
 CLI = [sys.executable, "-m", "bigembed.cli"]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-       "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+    "PYTHONUNBUFFERED": "1",
+}
 TIMEOUT = 5.0  # distributed_timeout of the multi-process tests
 
 
@@ -80,8 +84,14 @@ def make_graph(root: Path, **overrides: Any) -> tuple[Path, Any]:
     """A 4-partition planted graph and its config file (num_machines is set per command)."""
     if not (root / "edges").exists():
         write_graph(root, num_entities=300, num_edges=12000, num_partitions=4, seed=3)
-    settings = {"num_partitions": 4, "num_epochs": 3, "dimension": 16, "eval_fraction": 0.1,
-                "distributed_timeout": TIMEOUT, **overrides}
+    settings = {
+        "num_partitions": 4,
+        "num_epochs": 3,
+        "dimension": 16,
+        "eval_fraction": 0.1,
+        "distributed_timeout": TIMEOUT,
+        **overrides,
+    }
     cfg = graph_config(root, **settings)
     path = root / f"config_{Path(cfg.checkpoint_path).name}.json"
     path.write_text(json.dumps(config_to_dict(cfg)))
@@ -89,15 +99,30 @@ def make_graph(root: Path, **overrides: Any) -> tuple[Path, Any]:
 
 
 def run(args: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=ENV, timeout=timeout,
-                          **kw)
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=ENV, timeout=timeout, **kw
+    )
 
 
 def start_rank(cfg_path: Path, rank: int, port: int, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*CLI, "train", str(cfg_path), "--rank", str(rank), "--no-progress", "-p", "num_machines=2",
-         "-p", f"distributed_init_method=tcp://127.0.0.1:{port}", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+        [
+            *CLI,
+            "train",
+            str(cfg_path),
+            "--rank",
+            str(rank),
+            "--no-progress",
+            "-p",
+            "num_machines=2",
+            "-p",
+            f"distributed_init_method=tcp://127.0.0.1:{port}",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
         start_new_session=True,
     )
 
@@ -142,6 +167,7 @@ def _plan(nparts: int, tree: bool, weights: dict | None = None):
     def plan_for(it: int) -> PassPlan:
         w = weights or {(i, j): 10 + i * nparts + j for i in range(nparts) for j in range(nparts)}
         return PassPlan(it, w, tree and it == 0)
+
     return plan_for
 
 
@@ -266,8 +292,11 @@ def test_two_and_four_ranks_match_single_machine(tmp_path: Path) -> None:
         records = bucket_records(dist)
         assert sorted(records) == list(range(1, 7))
         assert all(sorted(b) == every for b in records.values()), "each bucket once per epoch"
-        trainers = {r["trainer"] for r in CheckpointStore(dist.checkpoint_path).read_stats()
-                    if r["type"] == "bucket"}
+        trainers = {
+            r["trainer"]
+            for r in CheckpointStore(dist.checkpoint_path).read_stats()
+            if r["type"] == "bucket"
+        }
         # 4 partitions: at most 2 trainers hold disjoint buckets at once, but all take turns
         assert trainers >= {0, 1}, "several trainers trained"
         mrr_dist = withheld_mrr(dist)
@@ -320,8 +349,11 @@ def test_kill9_one_rank_stops_all_then_restart_resumes(tmp_path: Path) -> None:
     assert store.committed_version() == 12
     steps = [r["version"] for r in store.read_stats() if r["type"] == "step"]
     assert steps == list(range(1, 13)), "no step lost or trained twice across the restart"
-    runs = [e for e in read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl")
-            if e["event"] == "run_start"]
+    runs = [
+        e
+        for e in read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl")
+        if e["event"] == "run_start"
+    ]
     assert [r["committed"] for r in runs] == [0, version]
     check_events(read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl"))
     assert not [p for p in Path(cfg.checkpoint_path).iterdir() if p.name.endswith(".tmp")]
@@ -329,16 +361,24 @@ def test_kill9_one_rank_stops_all_then_restart_resumes(tmp_path: Path) -> None:
 
 def test_launch_stops_the_others_when_a_rank_dies(tmp_path: Path) -> None:
     cfg_path, cfg = make_graph(tmp_path, num_epochs=200)
-    launcher = subprocess.Popen([*CLI, "launch", str(cfg_path), "-n", "2"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=ENV)
+    launcher = subprocess.Popen(
+        [*CLI, "launch", str(cfg_path), "-n", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
     store = CheckpointStore(cfg.checkpoint_path)
     deadline = time.monotonic() + 90
     while store.committed_version() < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     children = _children(launcher.pid)
     ranks = {pid: _argv(pid) for pid in children}
-    victim = next(pid for pid, argv in ranks.items()
-                  if "train" in argv and argv[argv.index("--rank") + 1] == "1")
+    victim = next(
+        pid
+        for pid, argv in ranks.items()
+        if "train" in argv and argv[argv.index("--rank") + 1] == "1"
+    )
     os.kill(victim, signal.SIGKILL)
     out, _ = launcher.communicate(timeout=30)
     assert launcher.returncode != 0
@@ -403,11 +443,26 @@ def test_checkpoint_dir_must_be_shared(tmp_path: Path) -> None:
     Path(cfg.checkpoint_path).mkdir(parents=True)
     port = free_port()
     rank0 = start_rank(cfg_path, 0, port)
-    argv = [*CLI, "train", str(cfg_path), "--rank", "1", "--no-progress", "-p", "num_machines=2",
-            "-p", f"distributed_init_method=tcp://127.0.0.1:{port}"]
+    argv = [
+        *CLI,
+        "train",
+        str(cfg_path),
+        "--rank",
+        "1",
+        "--no-progress",
+        "-p",
+        "num_machines=2",
+        "-p",
+        f"distributed_init_method=tcp://127.0.0.1:{port}",
+    ]
     script = f"mount -t tmpfs none {cfg.checkpoint_path} && exec " + " ".join(argv)
-    rank1 = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=ENV)
+    rank1 = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
     outs = [p.communicate(timeout=60)[0] for p in (rank0, rank1)]
     assert rank0.returncode != 0 and rank1.returncode != 0
     assert all("is not shared with rank 0" in out for out in outs), outs
@@ -459,9 +514,26 @@ def test_two_ranks_in_two_network_namespaces(tmp_path: Path, two_namespaces) -> 
     method = f"distributed_init_method=tcp://{ADDRS[0]}:29531"
     procs = [
         subprocess.Popen(
-            ["ip", "netns", "exec", ns, *CLI, "train", str(cfg_path), "--rank", str(r),
-             "--no-progress", "-p", "num_machines=2", "-p", method],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                *CLI,
+                "train",
+                str(cfg_path),
+                "--rank",
+                str(r),
+                "--no-progress",
+                "-p",
+                "num_machines=2",
+                "-p",
+                method,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV,
         )
         for r, ns in enumerate(two_namespaces)
     ]
@@ -470,7 +542,11 @@ def test_two_ranks_in_two_network_namespaces(tmp_path: Path, two_namespaces) -> 
     assert f"gloo interface {VETH[0]}" in outs[0] and f"gloo interface {VETH[1]}" in outs[1]
     granted = check_events(read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl"))
     assert {e for c in granted.values() for e in c} and CheckpointStore(
-        cfg.checkpoint_path).committed_version() == 2
-    trainers = {r["trainer"] for r in CheckpointStore(cfg.checkpoint_path).read_stats()
-                if r["type"] == "bucket"}
+        cfg.checkpoint_path
+    ).committed_version() == 2
+    trainers = {
+        r["trainer"]
+        for r in CheckpointStore(cfg.checkpoint_path).read_stats()
+        if r["type"] == "bucket"
+    }
     assert trainers == {0, 1}

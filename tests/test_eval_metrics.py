@@ -50,8 +50,12 @@ def test_auc_is_fraction_of_other_candidates_strictly_below() -> None:
 
 
 def test_known_edges_are_deduplicated_and_indexed_both_ways() -> None:
-    known = KnownEdges(np.array([0, 0, 0, 1, 0]), np.array([0, 0, 1, 0, 0]),
-                       np.array([5, 6, 5, 5, 5]), num_relations=2)
+    known = KnownEdges(
+        np.array([0, 0, 0, 1, 0]),
+        np.array([0, 0, 1, 0, 0]),
+        np.array([5, 6, 5, 5, 5]),
+        num_relations=2,
+    )
     assert known.num_edges == 4  # (0, 0, 5) appears twice
     rows, tails = known.true_tails(np.array([0, 1, 2]), np.array([0, 0, 0]))
     assert rows.tolist() == [0, 0, 1] and tails.tolist() == [5, 6, 5]

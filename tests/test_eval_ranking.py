@@ -16,8 +16,9 @@ from evalkit import USER_ITEM_RELATIONS, make_config, user_item_config, write_ch
 
 def _rank(cfg, edges: EvalEdges, known: KnownEdges | None, **kw):
     trained = open_checkpoint(cfg.checkpoint_path)
-    return rank_edges(trained.model, EntityTables(trained), trained.partition_bases, edges,
-                      known, **kw)
+    return rank_edges(
+        trained.model, EntityTables(trained), trained.partition_bases, edges, known, **kw
+    )
 
 
 def test_raw_and_filtered_ranks_on_hand_built_scores(tmp_path: Path) -> None:
@@ -60,10 +61,15 @@ def _reference(scores_of, edges: EvalEdges, known_pairs: set[tuple[int, int, int
             others = np.arange(len(s)) != true
             raw.append(1 + int(np.sum((s >= s[true]) & others)))
             if known_pairs is not None:
+
                 def is_known(c, i=i, side=side):
-                    e = (c, edges.rel[i], edges.rhs[i]) if side == "lhs" else \
-                        (edges.lhs[i], edges.rel[i], c)
+                    e = (
+                        (c, edges.rel[i], edges.rhs[i])
+                        if side == "lhs"
+                        else (edges.lhs[i], edges.rel[i], c)
+                    )
                     return e in known_pairs
+
                 keep = np.array([not is_known(c) for c in range(len(s))]) & others
                 filt.append(1 + int(np.sum((s >= s[true]) & keep)))
         out[side] = (raw, filt)
@@ -81,8 +87,11 @@ def test_dynamic_complex_matches_brute_force(tmp_path: Path, parts: int) -> None
     rng = np.random.default_rng(0)
     n, dim, nrel = 30, 4, 3
     emb = _grid(rng, n, dim)
-    params = {f"{s}_operators.0.{p}": torch.from_numpy(_grid(rng, nrel, dim // 2))
-              for s in ("lhs", "rhs") for p in ("real", "imag")}
+    params = {
+        f"{s}_operators.0.{p}": torch.from_numpy(_grid(rng, nrel, dim // 2))
+        for s in ("lhs", "rhs")
+        for p in ("real", "imag")
+    }
     edges = EvalEdges(rng.integers(0, n, 40), rng.integers(0, nrel, 40), rng.integers(0, n, 40))
     edges.lhs[:10], edges.rel[:10] = 3, 1  # shared anchors with different tails
     known = EvalEdges(rng.integers(0, n, 200), rng.integers(0, nrel, 200), rng.integers(0, n, 200))
@@ -92,11 +101,17 @@ def test_dynamic_complex_matches_brute_force(tmp_path: Path, parts: int) -> None
     def scores_of(side: str, i: int) -> np.ndarray:
         r = edges.rel[i]
         if side == "rhs":
-            q = _cx(emb[edges.lhs[i]], params["lhs_operators.0.real"][r].numpy(),
-                    params["lhs_operators.0.imag"][r].numpy())
+            q = _cx(
+                emb[edges.lhs[i]],
+                params["lhs_operators.0.real"][r].numpy(),
+                params["lhs_operators.0.imag"][r].numpy(),
+            )
         else:
-            q = _cx(emb[edges.rhs[i]], params["rhs_operators.0.real"][r].numpy(),
-                    params["rhs_operators.0.imag"][r].numpy())
+            q = _cx(
+                emb[edges.rhs[i]],
+                params["rhs_operators.0.real"][r].numpy(),
+                params["rhs_operators.0.imag"][r].numpy(),
+            )
         return emb.astype(np.float64) @ q
 
     expected = _reference(scores_of, edges, pairs)
@@ -106,12 +121,19 @@ def test_dynamic_complex_matches_brute_force(tmp_path: Path, parts: int) -> None
     order = np.concatenate(members)  # global id -> single-layout id
     to_global = np.empty(n, np.int64)
     to_global[order] = np.arange(n)
-    cfg = make_config(tmp_path, entities={"node": {"num_partitions": parts}},
-                      relations=[{"name": "all", "lhs": "node", "rhs": "node",
-                                  "operator": "complex_diagonal"}],
-                      dynamic_relations=True, dimension=dim)
-    write_checkpoint(cfg, {("node", p): emb[m] for p, m in enumerate(members)},
-                     [f"r{i}" for i in range(nrel)], params=params)
+    cfg = make_config(
+        tmp_path,
+        entities={"node": {"num_partitions": parts}},
+        relations=[{"name": "all", "lhs": "node", "rhs": "node", "operator": "complex_diagonal"}],
+        dynamic_relations=True,
+        dimension=dim,
+    )
+    write_checkpoint(
+        cfg,
+        {("node", p): emb[m] for p, m in enumerate(members)},
+        [f"r{i}" for i in range(nrel)],
+        params=params,
+    )
     g_edges = EvalEdges(to_global[edges.lhs], edges.rel, to_global[edges.rhs])
     g_known = KnownEdges(to_global[known.lhs], known.rel, to_global[known.rhs], nrel)
     # tiny chunks and blocks exercise every boundary of the chunked loops
@@ -130,15 +152,21 @@ def test_standard_mode_translation_l2_global_embedding(tmp_path: Path) -> None:
     g = _grid(rng, dim)
     trans = [_grid(rng, dim), _grid(rng, dim)]
     cfg = make_config(
-        tmp_path, dimension=dim, comparator="squared_l2", global_emb=True,
+        tmp_path,
+        dimension=dim,
+        comparator="squared_l2",
+        global_emb=True,
         entities={"node": {"num_partitions": 2}},
-        relations=[{"name": "a", "lhs": "node", "rhs": "node", "operator": "translation"},
-                   {"name": "b", "lhs": "node", "rhs": "node", "operator": "translation"}])
-    params = {"global_embs.node": torch.from_numpy(g),
-              **{f"rhs_operators.{i}.translation": torch.from_numpy(t)
-                 for i, t in enumerate(trans)}}
-    write_checkpoint(cfg, {("node", 0): emb[:12], ("node", 1): emb[12:]}, ["a", "b"],
-                     params=params)
+        relations=[
+            {"name": "a", "lhs": "node", "rhs": "node", "operator": "translation"},
+            {"name": "b", "lhs": "node", "rhs": "node", "operator": "translation"},
+        ],
+    )
+    params = {
+        "global_embs.node": torch.from_numpy(g),
+        **{f"rhs_operators.{i}.translation": torch.from_numpy(t) for i, t in enumerate(trans)},
+    }
+    write_checkpoint(cfg, {("node", 0): emb[:12], ("node", 1): emb[12:]}, ["a", "b"], params=params)
     edges = EvalEdges(rng.integers(0, n, 30), rng.integers(0, 2, 30), rng.integers(0, n, 30))
     x = (emb + g).astype(np.float64)
 
@@ -174,19 +202,37 @@ def test_several_entity_types_rank_against_their_own_type(tmp_path: Path) -> Non
 
     users = [["u0", "u1", "u2"], ["u3", "u4"]]
     items = [["i0", "i1", "i2", "i3"]]
-    test = [("u0", "buys", "i2"), ("u3", "buys", "i0"), ("u4", "follows", "u1"),
-            ("u2", "follows", "u3")]
-    write_graph(tmp_path, {"user": users, "item": items}, ["buys", "follows"],
-                {"train": test[:1], "test": test}, dynamic=False,
-                rel_types=USER_ITEM_RELATIONS)
+    test = [
+        ("u0", "buys", "i2"),
+        ("u3", "buys", "i0"),
+        ("u4", "follows", "u1"),
+        ("u2", "follows", "u3"),
+    ]
+    write_graph(
+        tmp_path,
+        {"user": users, "item": items},
+        ["buys", "follows"],
+        {"train": test[:1], "test": test},
+        dynamic=False,
+        rel_types=USER_ITEM_RELATIONS,
+    )
     cfg = user_item_config(tmp_path)
     rng = np.random.default_rng(5)
-    emb = {("user", 0): rng.normal(size=(3, 3)), ("user", 1): rng.normal(size=(2, 3)),
-           ("item", 0): rng.normal(size=(4, 3))}
-    write_checkpoint(cfg, emb, ["buys", "follows"],
-                     params={"rhs_operators.0.linear_transformation": torch.randn(3, 3),
-                             "rhs_operators.1.translation": torch.randn(3),
-                             "global_embs.user": torch.randn(3)})
+    emb = {
+        ("user", 0): rng.normal(size=(3, 3)),
+        ("user", 1): rng.normal(size=(2, 3)),
+        ("item", 0): rng.normal(size=(4, 3)),
+    }
+    write_checkpoint(
+        cfg,
+        emb,
+        ["buys", "follows"],
+        params={
+            "rhs_operators.0.linear_transformation": torch.randn(3, 3),
+            "rhs_operators.1.translation": torch.randn(3),
+            "global_embs.user": torch.randn(3),
+        },
+    )
     model = bigembed.load(cfg.checkpoint_path)
     report = evaluate_checkpoint(cfg, [tmp_path / "test"], filtered=False, per_relation=True)
     ranks: dict[str, list[int]] = {"lhs": [], "rhs": []}

@@ -21,22 +21,43 @@ h5py = pytest.importorskip("h5py")
 
 
 def _standard_checkpoint(root: Path):
-    write_graph(root, {"user": [["ann", "bob"], ["cé", "dan", "eve"]], "item": [["x1", "x2"]]},
-                ["buys", "follows"], {"train": [("ann", "buys", "x1")]}, dynamic=False,
-                rel_types={"buys": ("user", "item"), "follows": ("user", "user")})
+    write_graph(
+        root,
+        {"user": [["ann", "bob"], ["cé", "dan", "eve"]], "item": [["x1", "x2"]]},
+        ["buys", "follows"],
+        {"train": [("ann", "buys", "x1")]},
+        dynamic=False,
+        rel_types={"buys": ("user", "item"), "follows": ("user", "user")},
+    )
     cfg = make_config(
-        root, dimension=3, global_emb=True, seed=7, entities={
-            "user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
-        relations=[{"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
-                   {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}])
+        root,
+        dimension=3,
+        global_emb=True,
+        seed=7,
+        entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
+        relations=[
+            {"name": "buys", "lhs": "user", "rhs": "item", "operator": "linear"},
+            {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"},
+        ],
+    )
     rng = np.random.default_rng(0)
-    emb = {("user", 0): rng.normal(size=(2, 3)), ("user", 1): rng.normal(size=(3, 3)),
-           ("item", 0): rng.normal(size=(2, 3))}
-    params = {"global_embs.user": torch.tensor([1.0, 2.0, 3.0]),
-              "rhs_operators.0.linear_transformation": torch.randn(3, 3),
-              "rhs_operators.1.translation": torch.randn(3)}
-    write_checkpoint(cfg, {k: v.astype(np.float32) for k, v in emb.items()}, ["buys", "follows"],
-                     params=params, version=4)
+    emb = {
+        ("user", 0): rng.normal(size=(2, 3)),
+        ("user", 1): rng.normal(size=(3, 3)),
+        ("item", 0): rng.normal(size=(2, 3)),
+    }
+    params = {
+        "global_embs.user": torch.tensor([1.0, 2.0, 3.0]),
+        "rhs_operators.0.linear_transformation": torch.randn(3, 3),
+        "rhs_operators.1.translation": torch.randn(3),
+    }
+    write_checkpoint(
+        cfg,
+        {k: v.astype(np.float32) for k, v in emb.items()},
+        ["buys", "follows"],
+        params=params,
+        version=4,
+    )
     return cfg
 
 
@@ -82,8 +103,11 @@ def test_written_pbg_layout(tmp_path: Path) -> None:
         assert f["embeddings"].dtype == np.float32
     with h5py.File(pbg / "model.v4.h5", "r") as f:
         keys = {}
-        f["model"].visititems(lambda n, o: keys.update({n: o.attrs["state_dict_key"]})
-                              if isinstance(o, h5py.Dataset) else None)
+        f["model"].visititems(
+            lambda n, o: (
+                keys.update({n: o.attrs["state_dict_key"]}) if isinstance(o, h5py.Dataset) else None
+            )
+        )
     assert keys == {
         "relations/0/operator/rhs/linear_transformation": "rhs_operators.0.linear_transformation",
         "relations/1/operator/rhs/translation": "rhs_operators.1.translation",
@@ -94,10 +118,32 @@ def test_written_pbg_layout(tmp_path: Path) -> None:
 
 def test_round_trip_dynamic_trained_model(tmp_path: Path) -> None:
     cfg, edges = trained_graph(tmp_path)
-    assert cli_main(["convert", "to-pbg", cfg.checkpoint_path, "-", str(tmp_path / "pbg"),
-                     str(tmp_path / "pbg_ent")]) == 0
-    assert cli_main(["convert", "from-pbg", str(tmp_path / "pbg"), str(tmp_path / "pbg_ent"),
-                     str(tmp_path / "back"), str(tmp_path / "back_ent")]) == 0
+    assert (
+        cli_main(
+            [
+                "convert",
+                "to-pbg",
+                cfg.checkpoint_path,
+                "-",
+                str(tmp_path / "pbg"),
+                str(tmp_path / "pbg_ent"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli_main(
+            [
+                "convert",
+                "from-pbg",
+                str(tmp_path / "pbg"),
+                str(tmp_path / "pbg_ent"),
+                str(tmp_path / "back"),
+                str(tmp_path / "back_ent"),
+            ]
+        )
+        == 0
+    )
     _assert_same(cfg.checkpoint_path, str(tmp_path / "back"))
     a, b = bigembed.load(cfg.checkpoint_path), bigembed.load(tmp_path / "back")
     h, r, _ = edges[0]
@@ -111,12 +157,29 @@ def _write_pbg_fixture(root: Path) -> dict:
     ent.mkdir()
     config = {  # PBG's own keys only
         "entities": {"all": {"num_partitions": 2, "featurized": False, "dimension": None}},
-        "relations": [{"name": "all_edges", "lhs": "all", "rhs": "all", "weight": 1.0,
-                       "operator": "diagonal", "all_negs": False}],
-        "dimension": 4, "global_emb": False, "comparator": "dot", "dynamic_relations": True,
-        "entity_path": "data/FB15k", "edge_paths": ["data/FB15k/train_partitioned"],
-        "checkpoint_path": "model/fb15k", "num_epochs": 3, "loss_fn": "softmax", "lr": 0.1,
-        "num_uniform_negs": 1000, "hogwild_delay": 2.0, "verbose": 0,
+        "relations": [
+            {
+                "name": "all_edges",
+                "lhs": "all",
+                "rhs": "all",
+                "weight": 1.0,
+                "operator": "diagonal",
+                "all_negs": False,
+            }
+        ],
+        "dimension": 4,
+        "global_emb": False,
+        "comparator": "dot",
+        "dynamic_relations": True,
+        "entity_path": "data/FB15k",
+        "edge_paths": ["data/FB15k/train_partitioned"],
+        "checkpoint_path": "model/fb15k",
+        "num_epochs": 3,
+        "loss_fn": "softmax",
+        "lr": 0.1,
+        "num_uniform_negs": 1000,
+        "hogwild_delay": 2.0,
+        "verbose": 0,
     }
     (ck / "config.json").write_text(json.dumps(config, indent=4))
     (ck / "checkpoint_version.txt").write_text("6")
@@ -162,8 +225,7 @@ def test_reads_a_checkpoint_written_by_pbg(tmp_path: Path) -> None:
     # scores follow PBG's dynamic formula: tails ranked by <y, d_lhs[r] * x>
     x = fx["embs"][0][1]
     expected = fx["embs"][1] @ (fx["diag"]["lhs"][2] * x)
-    np.testing.assert_allclose(model.score("b", "r_c", ["d", "e"], side="rhs"), expected,
-                               rtol=1e-5)
+    np.testing.assert_allclose(model.score("b", "r_c", ["d", "e"], side="rhs"), expected, rtol=1e-5)
     assert len(model.predict("b", "r_c", k=5)) == 5
 
 
@@ -187,9 +249,7 @@ def _craft(path: Path, kind: str, outside: Path, name: str = "embeddings") -> No
 
 @pytest.mark.parametrize("kind", ["external", "virtual", "external_link", "soft_link"])
 @pytest.mark.parametrize("target", ["embeddings", "model"])
-def test_refuses_data_from_outside_the_file(
-    tmp_path: Path, kind: str, target: str, capsys
-) -> None:
+def test_refuses_data_from_outside_the_file(tmp_path: Path, kind: str, target: str, capsys) -> None:
     """A crafted checkpoint must not make the converter copy another local file's bytes."""
     _write_pbg_fixture(tmp_path)
     private = np.arange(12, dtype=np.float32).reshape(3, 4)  # "an arbitrary local file"
@@ -208,8 +268,16 @@ def test_refuses_data_from_outside_the_file(
     if kind != "soft_link":  # the crafted file really reads the outside bytes
         with h5py.File(path, "r") as f:
             np.testing.assert_array_equal(f[name][...], private)
-    rc = cli_main(["convert", "from-pbg", str(tmp_path / "ck"), str(tmp_path / "ent"),
-                   str(tmp_path / "o"), str(tmp_path / "oe")])
+    rc = cli_main(
+        [
+            "convert",
+            "from-pbg",
+            str(tmp_path / "ck"),
+            str(tmp_path / "ent"),
+            str(tmp_path / "o"),
+            str(tmp_path / "oe"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1, err
     assert str(path) in err[0] and f"/{name}" in err[0]
@@ -220,8 +288,16 @@ def test_refuses_data_from_outside_the_file(
 def test_errors_are_clear(tmp_path: Path, monkeypatch, capsys) -> None:
     _write_pbg_fixture(tmp_path)
     (tmp_path / "ck" / "checkpoint_version.txt").unlink()
-    rc = cli_main(["convert", "from-pbg", str(tmp_path / "ck"), str(tmp_path / "ent"),
-                   str(tmp_path / "o"), str(tmp_path / "oe")])
+    rc = cli_main(
+        [
+            "convert",
+            "from-pbg",
+            str(tmp_path / "ck"),
+            str(tmp_path / "ent"),
+            str(tmp_path / "o"),
+            str(tmp_path / "oe"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "checkpoint_version.txt" in err[0]
     assert not (tmp_path / "o").exists() and not (tmp_path / "oe").exists()

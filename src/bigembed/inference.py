@@ -37,7 +37,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> TrainedModel:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # e.g. a truncated metadata file (JSONDecodeError is a ValueError)
         raise CheckpointError(
-            f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from None
+            f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def relation_names(trained: TrainedModel) -> list[str]:

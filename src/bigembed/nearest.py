@@ -47,8 +47,9 @@ def faiss_available() -> bool:
     return True
 
 
-def faiss_topk(queries: np.ndarray, candidates: np.ndarray, k: int, metric: str
-               ) -> tuple[np.ndarray, np.ndarray]:
+def faiss_topk(
+    queries: np.ndarray, candidates: np.ndarray, k: int, metric: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(scores, offsets) of the k best candidates per query with a flat (exact) FAISS index.
 
     ``metric``: "dot" (inner product; normalise the inputs first for cosine) or "l2" (the

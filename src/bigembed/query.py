@@ -27,6 +27,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import torch
@@ -212,6 +213,30 @@ class EmbeddingModel:
         return total / len(sides)
 
     # ------------------------------------------------------------------ link prediction
+    # A str is also a Sequence[str]: mypy flags the overlap although the str overload, first,
+    # is the one that applies (as at runtime, where ``single = isinstance(entity, str)``).
+    @overload
+    def predict(  # type: ignore[overload-overlap]
+        self,
+        entity: str,
+        rel: str | int | Sequence[str | int],
+        k: int = 10,
+        *,
+        side: str = "rhs",
+        filtered: bool | Sequence[str | os.PathLike[str]] = False,
+    ) -> list[Prediction]: ...
+
+    @overload
+    def predict(
+        self,
+        entity: Sequence[str],
+        rel: str | int | Sequence[str | int],
+        k: int = 10,
+        *,
+        side: str = "rhs",
+        filtered: bool | Sequence[str | os.PathLike[str]] = False,
+    ) -> list[list[Prediction]]: ...
+
     @torch.no_grad()
     def predict(
         self,

@@ -83,8 +83,8 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
         num_rel = int(meta.get("num_relations", len(config.relations)))
         counts = {}
         for key, count in dict(meta.get("entity_counts", {})).items():
-            etype, _, part = str(key).rpartition("_")
-            counts[(etype, int(part))] = int(count)
+            etype, _, part_text = str(key).rpartition("_")
+            counts[(etype, int(part_text))] = int(count)
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{meta_path}: corrupt metadata ({exc})") from None
     if num_rel < 0 or any(c < 0 for c in counts.values()):

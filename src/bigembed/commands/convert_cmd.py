@@ -25,8 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.set_defaults(func=run)
     t = sub.add_parser("to-pbg", help="bigembed checkpoint + entity path -> PBG")
     t.add_argument("checkpoint", metavar="CHECKPOINT_DIR")
-    t.add_argument("entity_path", metavar="ENTITY_PATH",
-                   help="bigembed entity path ('-' = the one in the checkpoint's config)")
+    t.add_argument(
+        "entity_path",
+        metavar="ENTITY_PATH",
+        help="bigembed entity path ('-' = the one in the checkpoint's config)",
+    )
     t.add_argument("out_checkpoint", metavar="OUT_PBG_CHECKPOINT_DIR")
     t.add_argument("out_entity_path", metavar="OUT_PBG_ENTITY_PATH")
     t.add_argument("--force", action="store_true", help="replace existing outputs")
@@ -37,13 +40,25 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.interop.pbg import from_pbg, to_pbg
 
     if args.direction == "from-pbg":
-        summary = from_pbg(args.pbg_checkpoint, args.pbg_entity_path, args.out_checkpoint,
-                           args.out_entity_path, force=args.force)
+        summary = from_pbg(
+            args.pbg_checkpoint,
+            args.pbg_entity_path,
+            args.out_checkpoint,
+            args.out_entity_path,
+            force=args.force,
+        )
     else:
         entity_path = None if args.entity_path == "-" else args.entity_path
-        summary = to_pbg(args.checkpoint, entity_path, args.out_checkpoint,
-                         args.out_entity_path, force=args.force)
+        summary = to_pbg(
+            args.checkpoint,
+            entity_path,
+            args.out_checkpoint,
+            args.out_entity_path,
+            force=args.force,
+        )
     counts = ", ".join(f"{k}: {v:,}" for k, v in summary["entity_counts"].items())
-    print(f"Converted version {summary['version']} ({counts}; {summary['relations']} relation "
-          f"type(s)) to {summary['checkpoint']} and {summary['entity_path']}")
+    print(
+        f"Converted version {summary['version']} ({counts}; {summary['relations']} relation "
+        f"type(s)) to {summary['checkpoint']} and {summary['entity_path']}"
+    )
     return 0

@@ -22,8 +22,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "others are stopped and the exit status is non-zero.",
     )
     add_config_arguments(p)
-    p.add_argument("-n", "--nproc", type=int, default=None,
-                   help="number of trainer ranks (default: num_machines of the config)")
+    p.add_argument(
+        "-n",
+        "--nproc",
+        type=int,
+        default=None,
+        help="number of trainer ranks (default: num_machines of the config)",
+    )
     p.add_argument("--progress", action="store_true", help="progress bars of rank 0")
     add_security_arguments(p)
     p.set_defaults(func=run_launch)

@@ -13,13 +13,21 @@ def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("edge files of names (TSV/CSV/Parquet)")
     add_column_arguments(g)
     g.add_argument("--header", action="store_true", help="text files start with a header line")
-    g.add_argument("--delimiter", help="text field separator (default: tab for .tsv/.txt, comma "
-                   "for .csv)")
-    g.add_argument("--format", choices=("tsv", "csv", "parquet"), dest="input_format",
-                   help="file format when the extension does not tell")
-    g.add_argument("--skip-unknown", action="store_true",
-                   help="leave out (and count) edges whose entity or relation names the model "
-                   "does not know, instead of stopping at the first")
+    g.add_argument(
+        "--delimiter", help="text field separator (default: tab for .tsv/.txt, comma for .csv)"
+    )
+    g.add_argument(
+        "--format",
+        choices=("tsv", "csv", "parquet"),
+        dest="input_format",
+        help="file format when the extension does not tell",
+    )
+    g.add_argument(
+        "--skip-unknown",
+        action="store_true",
+        help="leave out (and count) edges whose entity or relation names the model "
+        "does not know, instead of stopping at the first",
+    )
 
 
 def file_options(args: argparse.Namespace):
@@ -44,27 +52,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "raw and filtered (known true edges left out of the candidates).",
     )
     add_config_arguments(p)
-    p.add_argument("--edges", nargs="+", metavar="PATH",
-                   help="edge sets to evaluate: imported edge paths or TSV/CSV/Parquet files of "
-                   "names (default: the config's edge_paths)")
-    p.add_argument("--filter-edges", nargs="+", metavar="PATH",
-                   help="known true edges to filter with (default: the config's edge_paths); "
-                   "the evaluated edges are always included")
+    p.add_argument(
+        "--edges",
+        nargs="+",
+        metavar="PATH",
+        help="edge sets to evaluate: imported edge paths or TSV/CSV/Parquet files of "
+        "names (default: the config's edge_paths)",
+    )
+    p.add_argument(
+        "--filter-edges",
+        nargs="+",
+        metavar="PATH",
+        help="known true edges to filter with (default: the config's edge_paths); "
+        "the evaluated edges are always included",
+    )
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--filtered", dest="filtered", action="store_true", default=True,
-                       help="report raw and filtered metrics (default)")
-    group.add_argument("--raw-only", dest="filtered", action="store_false",
-                       help="report raw metrics only (no filter sets needed)")
+    group.add_argument(
+        "--filtered",
+        dest="filtered",
+        action="store_true",
+        default=True,
+        help="report raw and filtered metrics (default)",
+    )
+    group.add_argument(
+        "--raw-only",
+        dest="filtered",
+        action="store_false",
+        help="report raw metrics only (no filter sets needed)",
+    )
     p.add_argument("--per-relation", action="store_true", help="also report each relation")
-    p.add_argument("--protocol", choices=("full", "sampled"), default="full",
-                   help="full: against all entities of the type (default); sampled: against the "
-                   "config's num_batch_negs / num_uniform_negs from the same partition, like PBG")
+    p.add_argument(
+        "--protocol",
+        choices=("full", "sampled"),
+        default="full",
+        help="full: against all entities of the type (default); sampled: against the "
+        "config's num_batch_negs / num_uniform_negs from the same partition, like PBG",
+    )
     p.add_argument("--output", metavar="FILE.json", help="also write the report as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --output report")
     p.add_argument("--entity-path", help="entity names (default: the config's entity_path)")
-    p.add_argument("--chunk-size", type=int, default=1024,
-                   help="queries scored at once (1024); one block of scores holds at most "
-                   "16M floats whatever the graph size")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1024,
+        help="queries scored at once (1024); one block of scores holds at most "
+        "16M floats whatever the graph size",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_edge_file_arguments(p)
     p.set_defaults(func=run)
@@ -77,8 +110,13 @@ def run(args: argparse.Namespace) -> int:
     if args.output:  # refused before any work: never over an input, a report only with --force
         from bigembed.output_paths import check_output_file
 
-        inputs = [args.config, cfg.checkpoint_path, args.entity_path or cfg.entity_path,
-                  *(args.edges or cfg.edge_paths), *(args.filter_edges or [])]
+        inputs = [
+            args.config,
+            cfg.checkpoint_path,
+            args.entity_path or cfg.entity_path,
+            *(args.edges or cfg.edge_paths),
+            *(args.filter_edges or []),
+        ]
         check_output_file(args.output, "eval-report", force=args.force, inputs=inputs)
     report = evaluate_checkpoint(
         cfg,

@@ -27,10 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bigembed.export import export_checkpoint
 
-    manifest = export_checkpoint(args.checkpoint_dir, args.fmt, args.output,
-                                 entity_path=args.entity_path, force=args.force)
-    counts = ", ".join(f"{t}: {v['count']:,} x {v['dimension']}"
-                       for t, v in manifest["entity_types"].items())
-    print(f"Exported {counts} and {manifest['relation_params']} relation parameter(s) as "
-          f"{args.fmt} to {args.output}: {', '.join(manifest['files'])}")
+    manifest = export_checkpoint(
+        args.checkpoint_dir, args.fmt, args.output, entity_path=args.entity_path, force=args.force
+    )
+    counts = ", ".join(
+        f"{t}: {v['count']:,} x {v['dimension']}" for t, v in manifest["entity_types"].items()
+    )
+    print(
+        f"Exported {counts} and {manifest['relation_params']} relation parameter(s) as "
+        f"{args.fmt} to {args.output}: {', '.join(manifest['files'])}"
+    )
     return 0

@@ -45,7 +45,7 @@ from bigembed.dist.auth import (
     unseal,
 )
 from bigembed.dist.layout import RankLayout
-from bigembed.dist.store import StoreAddress, choose_gloo_interface, is_timeout
+from bigembed.dist.store import StoreAddress, choose_gloo_interface, is_timeout, store_set
 from bigembed.dist.watchdog import Watchdog, exit_now, store_barrier
 from bigembed.errors import ConfigError, PeerError
 
@@ -114,8 +114,12 @@ class DistContext:
         with contextlib.suppress(Exception):  # not every store type has one
             store.set_timeout(timedelta(seconds=self.timeout))
         if self.secret is None and self.address.kind == "tcp" and self.rank == 0:
-            logger.info("no shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE): anybody who "
-                        "can reach %s:%d can join this run", self.address.host, self.address.port)
+            logger.info(
+                "no shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE): anybody who "
+                "can reach %s:%d can join this run",
+                self.address.host,
+                self.address.port,
+            )
         if self._auth_mode(store, join_timeout) == MODE_HMAC:
             self._join_with_secret(store, world, join_timeout)
         else:
@@ -126,15 +130,23 @@ class DistContext:
         self.watchdog.start()
         self._check_configs(store)
         self._init_groups()
-        logger.info("%s joined %d-rank run at %s (gloo interface %s)", self.layout.role(self.rank),
-                    world, self.address.method, self.interface or "default")
+        logger.info(
+            "%s joined %d-rank run at %s (gloo interface %s)",
+            self.layout.role(self.rank),
+            world,
+            self.address.method,
+            self.interface or "default",
+        )
         return self
 
     def _join(self, store: dist.Store, world: int, timeout: float) -> None:
         claims = store.add(f"join/{self.rank}/claims", 1)
         if claims > 1:
-            where = (f" or {self.address.path} is left over from an earlier run (delete it)"
-                     if self.address.kind == "file" else "")
+            where = (
+                f" or {self.address.path} is left over from an earlier run (delete it)"
+                if self.address.kind == "file"
+                else ""
+            )
             raise PeerError(
                 f"rank {self.rank} is already taken: another process joined as rank {self.rank}"
                 f"{where}"
@@ -207,12 +219,22 @@ class DistContext:
         mine = secrets.token_hex(16)
         attempt = int(store.add(f"auth/{self.rank}/attempts", 1))
         key = f"auth/{self.rank}/{attempt}"
-        store.set(key, json.dumps({
-            "client_nonce": mine, "proof": self.secret.join_proof(nonce, self.rank, mine),
-            "host": f"{socket.gethostname()}:{os.getpid()}",
-        }))
-        raw = self._wait_key(store, f"{key}/verdict", timeout,
-                             "rank 0 did not admit this rank (are all ranks started?)")
+        store.set(
+            key,
+            json.dumps(
+                {
+                    "client_nonce": mine,
+                    "proof": self.secret.join_proof(nonce, self.rank, mine),
+                    "host": f"{socket.gethostname()}:{os.getpid()}",
+                }
+            ),
+        )
+        raw = self._wait_key(
+            store,
+            f"{key}/verdict",
+            timeout,
+            "rank 0 did not admit this rank (are all ranks started?)",
+        )
         try:
             verdict = json.loads(raw)
         except ValueError:
@@ -261,11 +283,18 @@ class DistContext:
                         refuse(key, "malformed join request", "?")
                         continue
                     if not proof_ok(self.secret.join_proof(self._nonce, r, cn), proof):
-                        refuse(key, "wrong shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE "
-                               "must be the same on every rank)", host)
+                        refuse(
+                            key,
+                            "wrong shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE "
+                            "must be the same on every rank)",
+                            host,
+                        )
                     elif r in admitted:
-                        refuse(key, f"rank {r} is already taken: another process joined as "
-                               f"rank {r}", host)
+                        refuse(
+                            key,
+                            f"rank {r} is already taken: another process joined as rank {r}",
+                            host,
+                        )
                     else:
                         admitted[r] = (cn, key)
             if len(admitted) == world - 1:
@@ -278,23 +307,27 @@ class DistContext:
                 )
             time.sleep(0.05)
         for r, (cn, key) in admitted.items():
-            store.set(f"{key}/verdict", json.dumps(
-                {"ok": True, "proof": self.secret.welcome_proof(self._nonce, r, cn)}))
+            store.set(
+                f"{key}/verdict",
+                json.dumps({"ok": True, "proof": self.secret.welcome_proof(self._nonce, r, cn)}),
+            )
         store.set("join/done", "1")
 
     def _check_configs(self, store: dist.Store) -> None:
         mine = config_to_dict(self.cfg)
         key = f"config/{self.rank}"
-        store.set(key, seal(self.session, key, json.dumps(mine, sort_keys=True)))
+        store_set(store, key, seal(self.session, key, json.dumps(mine, sort_keys=True)))
         try:
             theirs = json.loads(unseal(self.session, "config/0", store.get("config/0")))
         except BadMac as exc:
-            raise PeerError(f"rank 0's config is not signed with the run's secret ({exc}): "
-                            "somebody else writes to the rendezvous store") from None
+            raise PeerError(
+                f"rank 0's config is not signed with the run's secret ({exc}): "
+                "somebody else writes to the rendezvous store"
+            ) from None
         diff = _config_diff(mine, theirs)
         verdict = "ok" if not diff else ", ".join(diff)
         key = f"config_ok/{self.rank}"
-        store.set(key, seal(self.session, key, verdict))
+        store_set(store, key, seal(self.session, key, verdict))
         store_barrier(store, "config", self.layout.world_size, self.watchdog)
         bad = []
         for r in range(self.layout.world_size):
@@ -310,7 +343,8 @@ class DistContext:
         if bad:
             raise ConfigError(
                 "the ranks were started with different configs (compared with rank 0's): "
-                + "; ".join(bad) + ". Use the same config file and -p overrides everywhere"
+                + "; ".join(bad)
+                + ". Use the same config file and -p overrides everywhere"
             )
 
     def _init_groups(self) -> None:
@@ -318,8 +352,11 @@ class DistContext:
         td = timedelta(seconds=self.timeout)
         try:
             dist.init_process_group(
-                "gloo", store=dist.PrefixStore("gloo", self.raw_store), rank=self.rank,
-                world_size=self.layout.world_size, timeout=td,
+                "gloo",
+                store=dist.PrefixStore("gloo", self.raw_store),
+                rank=self.rank,
+                world_size=self.layout.world_size,
+                timeout=td,
             )
             self.trainer_group = dist.new_group(self.layout.trainers, timeout=td, backend="gloo")
         except RuntimeError as exc:

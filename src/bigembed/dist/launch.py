@@ -54,7 +54,11 @@ def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) ->
         logger.warning(
             "num_machines is %d but with %d partitions at most %d trainers can work at once "
             "(a bucket holds 2 partitions, none may be held twice); the others will wait. "
-            "Advice: num_machines = num_partitions / 2", cfg.num_machines, parts, busy)
+            "Advice: num_machines = num_partitions / 2",
+            cfg.num_machines,
+            parts,
+            busy,
+        )
     ctx = DistContext(cfg, rank, command="train")
     try:
         ctx.open()
@@ -96,14 +100,19 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
         raise
 
     def body() -> None:
-        server = PartitionServer(rank, ctx.address, ctx.timeout, on_error=ctx.fail,
-                                 session=ctx.session)
+        server = PartitionServer(
+            rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
+        )
         server.start()
         while not server.stopped.wait(1.0):
             pass
-        logger.info("partition server %d: stopped (%d partitions held, %.1f MB sent, %.1f MB "
-                    "received)", index, len(server.tables), server.bytes_sent / 1e6,
-                    server.bytes_received / 1e6)
+        logger.info(
+            "partition server %d: stopped (%d partitions held, %.1f MB sent, %.1f MB received)",
+            index,
+            len(server.tables),
+            server.bytes_sent / 1e6,
+            server.bytes_received / 1e6,
+        )
 
     _run_guarded(ctx, body)
     ctx.close()

@@ -82,8 +82,18 @@ def launch(config: str, params: Sequence[str], nproc: int | None, progress: bool
     overrides = [arg for p in forwarded for arg in ("-p", p)]
     base = [sys.executable, "-m", "bigembed.cli"]
     children = [
-        Child(f"rank {r}", [*base, "train", config, "--rank", str(r), *overrides,
-                            *([] if progress and r == 0 else ["--no-progress"])])
+        Child(
+            f"rank {r}",
+            [
+                *base,
+                "train",
+                config,
+                "--rank",
+                str(r),
+                *overrides,
+                *([] if progress and r == 0 else ["--no-progress"]),
+            ],
+        )
         for r in range(cfg.num_machines)
     ]
     children += [
@@ -96,12 +106,21 @@ def launch(config: str, params: Sequence[str], nproc: int | None, progress: bool
     env["PYTHONUNBUFFERED"] = "1"
     lock = threading.Lock()
     width = max(len(c.name) for c in children)
-    print(f"[launch] {cfg.num_machines} trainers + {max(cfg.num_partition_servers, 0)} partition "
-          f"servers at {cfg.distributed_init_method}", flush=True)
+    print(
+        f"[launch] {cfg.num_machines} trainers + {max(cfg.num_partition_servers, 0)} partition "
+        f"servers at {cfg.distributed_init_method}",
+        flush=True,
+    )
     for c in children:  # all forks before any thread starts (preexec_fn and threads mix badly)
         c.proc = subprocess.Popen(
-            c.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-            env=env, start_new_session=True, preexec_fn=_die_with_parent,
+            c.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     for c in children:
         assert c.proc is not None and c.proc.stdout is not None
@@ -128,8 +147,11 @@ def launch(config: str, params: Sequence[str], nproc: int | None, progress: bool
                 assert first.proc is not None
                 code = first.proc.returncode if first.proc.returncode > 0 else 1
                 with lock:
-                    print(f"[launch] {first.name} exited with code {first.proc.returncode}; "
-                          "stopping the others", flush=True)
+                    print(
+                        f"[launch] {first.name} exited with code {first.proc.returncode}; "
+                        "stopping the others",
+                        flush=True,
+                    )
                 _stop(children, signal.SIGTERM)
                 break
             if all(c.proc is not None and c.proc.poll() == 0 for c in children):

@@ -36,17 +36,25 @@ class LockClient:
         self.rpc = RpcClient(store, CHANNEL, timeout, peer, session)
 
     def acquire(self, iteration: int, finished: Bucket | None) -> dict:
-        return self.rpc.call({
-            "op": "acquire", "trainer": self.trainer, "iteration": iteration,
-            "finished": list(finished) if finished is not None else None,
-        })
+        return self.rpc.call(
+            {
+                "op": "acquire",
+                "trainer": self.trainer,
+                "iteration": iteration,
+                "finished": list(finished) if finished is not None else None,
+            }
+        )
 
     def release(self, iteration: int, keys: list[PartitionKey]) -> None:
         if keys:
-            self.rpc.call({
-                "op": "release", "trainer": self.trainer, "iteration": iteration,
-                "keys": [[t, p] for t, p in keys],
-            })
+            self.rpc.call(
+                {
+                    "op": "release",
+                    "trainer": self.trainer,
+                    "iteration": iteration,
+                    "keys": [[t, p] for t, p in keys],
+                }
+            )
 
 
 class LockedBucketSource:

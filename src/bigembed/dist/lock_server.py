@@ -131,8 +131,9 @@ class BucketScheduler:
         self.touched = None
         if plan.tree_init:
             self.touched = {k for b in self.pending for k in self._all_keys(b) if k[1] == 0}
-        self.log.write("pass_start", iteration=iteration, buckets=len(self.pending),
-                       tree_init=plan.tree_init)
+        self.log.write(
+            "pass_start", iteration=iteration, buckets=len(self.pending), tree_init=plan.tree_init
+        )
 
     def _tree_ok(self, bucket: Bucket) -> bool:
         if self.touched is None:
@@ -150,8 +151,9 @@ class BucketScheduler:
                 raise ValueError(f"trainer {trainer} reports bucket {finished} it was not given")
             del self.active[trainer]
             self.done.add(finished)
-            self.log.write("bucket_done", trainer=trainer, iteration=iteration,
-                           bucket=list(finished))
+            self.log.write(
+                "bucket_done", trainer=trainer, iteration=iteration, bucket=list(finished)
+            )
             if not self.pending and not self.active:
                 self.log.write("pass_done", iteration=iteration, buckets=len(self.done))
         elif trainer in self.active:
@@ -162,7 +164,8 @@ class BucketScheduler:
             self.log.write("done", trainer=trainer, iteration=iteration)
             return {"kind": "done", "release": _keys_json(held)}
         free = [
-            b for b in self.pending
+            b
+            for b in self.pending
             if all(self.owner.get(k, trainer) == trainer for k in self._all_keys(b))
         ]
         allowed = [b for b in free if self._tree_ok(b)]
@@ -181,8 +184,14 @@ class BucketScheduler:
         held |= keys
         if self.touched is not None:
             self.touched |= keys
-        self.log.write("acquire", trainer=trainer, iteration=iteration, bucket=list(best),
-                       partitions=_keys_json(keys), edges=weights[best])
+        self.log.write(
+            "acquire",
+            trainer=trainer,
+            iteration=iteration,
+            bucket=list(best),
+            partitions=_keys_json(keys),
+            edges=weights[best],
+        )
         return {"kind": "bucket", "bucket": list(best), "release": _keys_json(held - keys)}
 
     def release(self, trainer: int, iteration: int, keys: list[PartitionKey]) -> Message:
@@ -193,8 +202,9 @@ class BucketScheduler:
         for key in keys:
             del self.owner[key]
             held.discard(key)
-        self.log.write("release", trainer=trainer, iteration=iteration,
-                       partitions=_keys_json(set(keys)))
+        self.log.write(
+            "release", trainer=trainer, iteration=iteration, partitions=_keys_json(set(keys))
+        )
         return {"ok": True}
 
 
@@ -210,8 +220,9 @@ class LockServer:
     ) -> None:
         self.scheduler = scheduler
         self._lock = threading.Lock()
-        self.rpc = RpcServer(store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock",
-                             session=session)
+        self.rpc = RpcServer(
+            store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock", session=session
+        )
 
     def start(self) -> None:
         self.rpc.start()
@@ -225,7 +236,7 @@ class LockServer:
             trainer, iteration = int(req["trainer"]), int(req["iteration"])
             if req["op"] == "acquire":
                 finished = tuple(req["finished"]) if req.get("finished") is not None else None
-                return self.scheduler.acquire(trainer, iteration, finished)  # type: ignore[arg-type]
+                return self.scheduler.acquire(trainer, iteration, finished)
             if req["op"] == "release":
                 keys = [(str(t), int(p)) for t, p in req["keys"]]
                 return self.scheduler.release(trainer, iteration, keys)

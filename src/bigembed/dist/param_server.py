@@ -100,11 +100,17 @@ class ParameterServer:
         self.on_error = on_error
         self._lock = threading.Lock()
         self.rounds = 0
-        self._threads = [
-            threading.Thread(target=self._serve, args=(c,), name=f"bigembed-ps-{c}", daemon=True)
-            for c in clients
-            if c != rank
-        ] if self.value.numel() > 0 else []
+        self._threads = (
+            [
+                threading.Thread(
+                    target=self._serve, args=(c,), name=f"bigembed-ps-{c}", daemon=True
+                )
+                for c in clients
+                if c != rank
+            ]
+            if self.value.numel() > 0
+            else []
+        )
 
     def start(self) -> None:
         for t in self._threads:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from bigembed.dist.auth import Session
 from bigembed.dist.layout import PartitionKey, RankLayout
 from bigembed.dist.rpc import Message, RpcClient, RpcServer
-from bigembed.dist.store import StoreAddress
+from bigembed.dist.store import StoreAddress, store_set
 from bigembed.errors import PeerError
 from bigembed.train.step import Table
 
@@ -75,8 +75,15 @@ class PartitionServer:
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bigembed-parts")
         store = address.namespaced(address.client(timeout))
-        self.rpc = RpcServer(store, channel_of(rank), self._handle, on_error, poll=0.5,
-                             name="bigembed-partition-server", session=session)
+        self.rpc = RpcServer(
+            store,
+            channel_of(rank),
+            self._handle,
+            on_error,
+            poll=0.5,
+            name="bigembed-partition-server",
+            session=session,
+        )
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -103,8 +110,10 @@ class PartitionServer:
         with self._lock:
             table = self.tables.get(key)
             if table is None or table.emb.shape != emb.shape:
-                table = Table(torch.empty_like(emb, memory_format=torch.contiguous_format),
-                              torch.empty_like(state))
+                table = Table(
+                    torch.empty_like(emb, memory_format=torch.contiguous_format),
+                    torch.empty_like(state),
+                )
                 self.tables[key] = table
         table.emb.copy_(emb)
         table.state.copy_(state)
@@ -158,12 +167,14 @@ class PartitionServer:
         with self._lock:
             self.tables[key] = table
         self.bytes_received += (table.emb.numel() + table.state.numel()) * 4
-        self._reply_store().set(*self.rpc.encode(n, {"ok": True}, suffix="ack"))
+        store_set(self._reply_store(), *self.rpc.encode(n, {"ok": True}, suffix="ack"))
 
 
 def _shape_message(key: PartitionKey, have: tuple, want: tuple, where: str) -> str:
-    return (f"{where} holds partition {key[1]} of '{key[0]}' with shape {have}, but this "
-            f"trainer expects {want} (do all ranks use the same graph?)")
+    return (
+        f"{where} holds partition {key[1]} of '{key[0]}' with shape {have}, but this "
+        f"trainer expects {want} (do all ranks use the same graph?)"
+    )
 
 
 def _check_shape(key: PartitionKey, have: torch.Tensor, want: torch.Tensor, where: str) -> None:
@@ -195,8 +206,9 @@ class PartitionClient:
         self.bytes_received = 0
 
     def _rpc(self, server: int) -> RpcClient:
-        return RpcClient(self.kv, channel_of(server), self.timeout, self.layout.role(server),
-                         self.session)
+        return RpcClient(
+            self.kv, channel_of(server), self.timeout, self.layout.role(server), self.session
+        )
 
     def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
         server = self.layout.server_for(key)
@@ -208,14 +220,18 @@ class PartitionClient:
         if not reply["found"]:
             return False
         if tuple(reply["shape"]) != tuple(out_emb.shape):
-            raise PeerError(_shape_message(key, tuple(reply["shape"]), tuple(out_emb.shape),
-                                           self.layout.role(server)))
+            raise PeerError(
+                _shape_message(
+                    key, tuple(reply["shape"]), tuple(out_emb.shape), self.layout.role(server)
+                )
+            )
         try:
             dist.recv(out_emb, src=server, group=self.group, tag=data_tag(server, n, 0))
             dist.recv(out_state, src=server, group=self.group, tag=data_tag(server, n, 1))
         except RuntimeError as exc:
-            raise PeerError(f"receiving a partition from {self.layout.role(server)} failed: "
-                            f"{exc}") from None
+            raise PeerError(
+                f"receiving a partition from {self.layout.role(server)} failed: {exc}"
+            ) from None
         self.bytes_received += (out_emb.numel() + out_state.numel()) * 4
         return True
 
@@ -231,8 +247,9 @@ class PartitionClient:
             dist.send(emb.contiguous(), dst=server, group=self.group, tag=data_tag(server, n, 0))
             dist.send(state.contiguous(), dst=server, group=self.group, tag=data_tag(server, n, 1))
         except RuntimeError as exc:
-            raise PeerError(f"sending a partition to {self.layout.role(server)} failed: "
-                            f"{exc}") from None
+            raise PeerError(
+                f"sending a partition to {self.layout.role(server)} failed: {exc}"
+            ) from None
         rpc.receive(n, suffix="ack")
         self.bytes_sent += (emb.numel() + state.numel()) * 4
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 
 from bigembed.dist.auth import BadMac, Session, seal, unseal
-from bigembed.dist.store import is_timeout
+from bigembed.dist.store import is_timeout, store_set
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class RpcClient:
         try:
             n = int(self.store.add(f"{self.channel}/seq", 1))
             key = f"{self.channel}/req/{n}"
-            self.store.set(key, seal(self.session, key, json.dumps({**msg, "seq": n})))
+            store_set(self.store, key, seal(self.session, key, json.dumps({**msg, "seq": n})))
         except Exception as exc:
             raise PeerError(f"cannot send a request to {self.peer}: {exc}") from None
         return n
@@ -128,7 +128,7 @@ class RpcServer:
         return key, seal(self.session, key, json.dumps(msg))
 
     def reply(self, n: int, msg: Message, suffix: str = "rep") -> None:
-        self.store.set(*self.encode(n, msg, suffix))
+        store_set(self.store, *self.encode(n, msg, suffix))
 
     def _skippable(self, n: int, since: float) -> bool:
         """Request ``n`` was taken ``GAP_S`` ago but never written, and later ones exist."""
@@ -147,8 +147,9 @@ class RpcServer:
                 if is_timeout(exc):
                     try:
                         if self._skippable(n, since):
-                            logger.warning("%s: request %d was never written; skipped",
-                                           self.channel, n)
+                            logger.warning(
+                                "%s: request %d was never written; skipped", self.channel, n
+                            )
                             n, since = n + 1, time.monotonic()
                     except Exception:  # the wait above reports a lost store
                         pass
@@ -165,8 +166,9 @@ class RpcServer:
                         raise BadMac(f"{key}: malformed request")
                 except (BadMac, ValueError) as exc:
                     self.dropped += 1
-                    logger.warning("%s: dropped a request without a valid MAC (%s)",
-                                   self.channel, exc)
+                    logger.warning(
+                        "%s: dropped a request without a valid MAC (%s)", self.channel, exc
+                    )
                     n, since = n + 1, time.monotonic()
                     continue
                 try:

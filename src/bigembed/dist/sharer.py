@@ -115,6 +115,8 @@ class Sharer:
             sent = dist.isend(delta, dst=server, group=self.group, tag=TAG_DELTA)
             merged = torch.empty_like(delta)
             received = dist.irecv(merged, src=server, group=self.group, tag=TAG_VALUE)
+            # None only for a rank outside the group; every server and this rank are in it
+            assert sent is not None and received is not None
             pending.append((server, segments, snap, merged, sent, received))
             self.bytes_sent += delta.numel() * 4
             moved += delta.numel() * 4

@@ -26,6 +26,7 @@ import socket
 import struct
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 from urllib.parse import urlparse
 
 import torch.distributed as dist
@@ -42,6 +43,15 @@ def is_timeout(exc: BaseException) -> bool:
     if isinstance(exc, dist.DistNetworkError):
         return False
     return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+
+
+def store_set(store: dist.Store, key: str, value: str | bytes) -> None:
+    """``store.set(key, value)`` for a text or a sealed (bytes) value.
+
+    c10d binds the value as a C++ ``std::string``, which pybind11 fills from str (UTF-8) and
+    bytes alike; torch's stub only admits ``str``, hence the cast.
+    """
+    store.set(key, cast(str, value))
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,11 @@ class StoreAddress:
             listener = _bound_listener(os.environ.get(BIND_ENV), self.port, self.method)
             try:
                 return dist.TCPStore(
-                    self.host, self.port, world_size, is_master=True, timeout=td,
+                    self.host,
+                    self.port,
+                    world_size,
+                    is_master=True,
+                    timeout=td,
                     wait_for_workers=False,
                     master_listen_fd=listener.fileno() if listener is not None else None,
                 )

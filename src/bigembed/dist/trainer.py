@@ -33,6 +33,7 @@ from bigembed.dist.lock_server import Bucket, BucketScheduler, EventLog, LockSer
 from bigembed.dist.param_server import ParameterServer, ShardPlan, gather
 from bigembed.dist.partition_server import PartitionClient, PartitionServer
 from bigembed.dist.sharer import Sharer
+from bigembed.dist.store import store_set
 from bigembed.errors import CheckpointError, PeerError
 from bigembed.graph.edges import chunk_range
 from bigembed.train.loop import Iteration, Trainer, iterations
@@ -83,7 +84,11 @@ class DistributedTrainer(Trainer):
             self.partition_server.start()
         if self.layout.server_ranks:
             self.partition_client = PartitionClient(
-                self.rank, self.layout, ctx.store, ctx.timeout, self.partition_server,
+                self.rank,
+                self.layout,
+                ctx.store,
+                ctx.timeout,
+                self.partition_server,
                 session=ctx.session,
             )
 
@@ -92,8 +97,10 @@ class DistributedTrainer(Trainer):
         try:
             return unseal(self.ctx.session, key, store.get(key))
         except BadMac as exc:
-            raise PeerError(f"{exc}: not signed with the run's secret; somebody else writes to "
-                            "the rendezvous store") from None
+            raise PeerError(
+                f"{exc}: not signed with the run's secret; somebody else writes to "
+                "the rendezvous store"
+            ) from None
 
     # ------------------------------------------------------------------ buckets
     def _side_keys(self, bucket: Bucket) -> tuple[frozenset[PartitionKey], frozenset[PartitionKey]]:
@@ -132,9 +139,9 @@ class DistributedTrainer(Trainer):
                 logger.info("removed %d files of an interrupted step in %s", removed, ck.path)
             nonce = secrets.token_hex(8)
             (ck.path / PROBE_FILE).write_text(nonce)
-            ctx.store.set("open/nonce", seal(ctx.session, "open/nonce", nonce))
+            store_set(ctx.store, "open/nonce", seal(ctx.session, "open/nonce", nonce))
             version = str(ck.committed_version())
-            ctx.store.set("open/version", seal(ctx.session, "open/version", version))
+            store_set(ctx.store, "open/version", seal(ctx.session, "open/version", version))
         ctx.barrier("open")
         committed = ck.committed_version()
         if self.rank != 0:
@@ -159,11 +166,17 @@ class DistributedTrainer(Trainer):
         self.fresh = committed == 0 and not self.cfg.init_path
         if self.rank == 0:
             log = EventLog(ck.path / EVENT_LOG)
-            log.write("run_start", committed=committed, trainers=self.layout.num_trainers,
-                      partition_servers=self.cfg.num_partition_servers)
+            log.write(
+                "run_start",
+                committed=committed,
+                trainers=self.layout.num_trainers,
+                partition_servers=self.cfg.num_partition_servers,
+            )
             scheduler = BucketScheduler(self._side_keys, self._plan_for, log)
             self.lock_server = LockServer(
-                ctx.address.namespaced(ctx.address.client(ctx.timeout)), scheduler, ctx.fail,
+                ctx.address.namespaced(ctx.address.client(ctx.timeout)),
+                scheduler,
+                ctx.fail,
                 session=ctx.session,
             )
             self.lock_server.start()
@@ -179,9 +192,17 @@ class DistributedTrainer(Trainer):
         pinned: list[PartitionKey],
     ) -> PartitionStore:
         store = PartitionStore(
-            counts, dims, self.checkpoint, committed=committed, working=committed + 1,
-            init_source=init_source, init_scale=self.cfg.init_scale, seed=self.cfg.seed,
-            shared=shared, pinned=pinned, remote=self.partition_client,
+            counts,
+            dims,
+            self.checkpoint,
+            committed=committed,
+            working=committed + 1,
+            init_source=init_source,
+            init_scale=self.cfg.init_scale,
+            seed=self.cfg.seed,
+            shared=shared,
+            pinned=pinned,
+            remote=self.partition_client,
         )
         self.pstore = store
         self.source.store = store
@@ -214,8 +235,11 @@ class DistributedTrainer(Trainer):
         plan = ShardPlan(names, [t.numel() for t in tensors], self.layout.trainers)
         flat = [t.data.view(-1) for t in tensors]
         self.param_server = ParameterServer(
-            self.rank, gather(flat, plan.segments[self.rank]), self.layout.trainers,
-            ctx.trainer_group, ctx.fail,
+            self.rank,
+            gather(flat, plan.segments[self.rank]),
+            self.layout.trainers,
+            ctx.trainer_group,
+            ctx.fail,
         )
         self.param_server.start()
         self.sharer = Sharer(
@@ -246,8 +270,10 @@ class DistributedTrainer(Trainer):
                 continue
             etype, part = key
             if self.partition_client is not None:
-                table = Table(torch.empty((store.counts[key], store.dims[etype])),
-                              torch.empty(store.counts[key]))
+                table = Table(
+                    torch.empty((store.counts[key], store.dims[etype])),
+                    torch.empty(store.counts[key]),
+                )
                 if self.partition_client.fetch(key, table.emb, table.state):
                     ck.save_partition(etype, part, version, table.emb, table.state)
                     continue
@@ -274,12 +300,18 @@ class DistributedTrainer(Trainer):
         assert ctx.store is not None and self.pstore is not None
         version = it.index + 1
         net, waits = self.net_bytes(), self.source.waits
-        summary = {**summary, "net_bytes": net - self._reported[0],
-                   "lock_waits": waits - self._reported[1]}
+        summary = {
+            **summary,
+            "net_bytes": net - self._reported[0],
+            "lock_waits": waits - self._reported[1],
+        }
         self._reported = (net, waits)
         key = f"stats/{version}/{self.rank}"
-        ctx.store.set(key, seal(ctx.session, key,
-                                json.dumps({"records": records, "summary": summary})))
+        store_set(
+            ctx.store,
+            key,
+            seal(ctx.session, key, json.dumps({"records": records, "summary": summary})),
+        )
         ctx.barrier(f"v{version}/written")
         if self.rank == 0:
             parts = []
@@ -290,16 +322,20 @@ class DistributedTrainer(Trainer):
                 {**rec, "trainer": r} for r, p in enumerate(parts) for rec in p["records"]
             ]
             merged = self._merge_summaries([p["summary"] for p in parts])
-            for key in sorted(self.pstore.pinned):
-                table = self.pstore.get(key)
-                ck.save_partition(key[0], key[1], version, table.emb, table.state)
+            for pkey in sorted(self.pstore.pinned):
+                table = self.pstore.get(pkey)
+                ck.save_partition(pkey[0], pkey[1], version, table.emb, table.state)
             ck.save_model(version, self._model_payload())
             ck.save_metadata(version, self._metadata(it))
             super()._commit_step(it, all_records, merged)
             logger.info(
                 "step %d committed: %d edges by %d trainers, loss %.4f, %.0f edges/s, "
-                "%.1f MB over the network", version, merged["stats"]["count"],
-                self.layout.num_trainers, merged["stats"]["loss"], merged["edges_per_sec"],
+                "%.1f MB over the network",
+                version,
+                merged["stats"]["count"],
+                self.layout.num_trainers,
+                merged["stats"]["loss"],
+                merged["edges_per_sec"],
                 merged["net_bytes"] / 1e6,
             )
         ctx.barrier(f"v{version}/committed")
@@ -311,15 +347,18 @@ class DistributedTrainer(Trainer):
         out: dict[str, Any] = {
             k: first[k] for k in ("type", "version", "epoch_idx", "edge_path_idx", "edge_chunk_idx")
         }
-        out.update({
-            "stats": stats, "seconds": seconds,
-            "edges_per_sec": stats["count"] / seconds if seconds > 0 else 0.0,
-            "io_bytes_read": sum(p["io_bytes_read"] for p in parts),
-            "io_bytes_written": sum(p["io_bytes_written"] for p in parts),
-            "net_bytes": sum(p["net_bytes"] for p in parts),
-            "lock_waits": sum(p["lock_waits"] for p in parts),
-            "trainers": len(parts),
-        })
+        out.update(
+            {
+                "stats": stats,
+                "seconds": seconds,
+                "edges_per_sec": stats["count"] / seconds if seconds > 0 else 0.0,
+                "io_bytes_read": sum(p["io_bytes_read"] for p in parts),
+                "io_bytes_written": sum(p["io_bytes_written"] for p in parts),
+                "net_bytes": sum(p["net_bytes"] for p in parts),
+                "lock_waits": sum(p["lock_waits"] for p in parts),
+                "trainers": len(parts),
+            }
+        )
         for key in ("eval_stats_before", "eval_stats_after"):
             evals = [(p[key]["count"], p[key]) for p in parts if key in p]
             if evals:

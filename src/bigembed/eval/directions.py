@@ -64,17 +64,28 @@ def direction(model: ScoringModel, side: str, relation: int) -> Direction:
                 raise ValueError("dynamic relations need a relation id per row")
             return cmp.prepare(op(adjust(x, source), rel))
 
-        return Direction(side, -1, target, source, dyn_anchors,
-                         lambda y: cmp.prepare(adjust(y, target)))
+        return Direction(
+            side, -1, target, source, dyn_anchors, lambda y: cmp.prepare(adjust(y, target))
+        )
 
     op = model.rhs_operator(relation)
     if side == "rhs":
-        return Direction(side, relation, target, source,
-                         lambda x, rel: cmp.prepare(adjust(x, source)),
-                         lambda y: cmp.prepare(op(adjust(y, target))))
-    return Direction(side, relation, target, source,
-                     lambda x, rel: cmp.prepare(op(adjust(x, source))),
-                     lambda y: cmp.prepare(adjust(y, target)))
+        return Direction(
+            side,
+            relation,
+            target,
+            source,
+            lambda x, rel: cmp.prepare(adjust(x, source)),
+            lambda y: cmp.prepare(op(adjust(y, target))),
+        )
+    return Direction(
+        side,
+        relation,
+        target,
+        source,
+        lambda x, rel: cmp.prepare(op(adjust(x, source))),
+        lambda y: cmp.prepare(adjust(y, target)),
+    )
 
 
 def pair_scores(model: ScoringModel, anchors: Tensor, candidates: Tensor) -> Tensor:

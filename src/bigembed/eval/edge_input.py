@@ -9,6 +9,7 @@ such edges out and count them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +46,12 @@ class LoadedEdges:
     skipped_examples: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, object]:
-        return {"path": self.path, "kind": self.kind, "edges": len(self.edges),
-                "skipped": self.skipped}
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "edges": len(self.edges),
+            "skipped": self.skipped,
+        }
 
 
 @dataclass
@@ -66,7 +71,7 @@ class EdgeLoader:
         self,
         trained: TrainedModel,
         *,
-        entity_path: str | Path | None = None,
+        entity_path: str | os.PathLike[str] | None = None,
         options: FileOptions | None = None,
     ) -> None:
         self.trained = trained
@@ -89,7 +94,7 @@ class EdgeLoader:
             self._store = open_entity_store(self.trained, self.entity_path)
         return self._store
 
-    def load(self, path: str | Path) -> LoadedEdges:
+    def load(self, path: str | os.PathLike[str]) -> LoadedEdges:
         p = Path(path)
         if p.is_dir():
             if not (p / MANIFEST).exists():
@@ -166,8 +171,9 @@ class EdgeLoader:
         rel_values = pa.array(self.relation_names, pa.string())
         try:
             for batch in source.batches():
-                parts.append(self._map_batch(source, batch.columns, batch.first_row, rel_values,
-                                             loaded))
+                parts.append(
+                    self._map_batch(source, batch.columns, batch.first_row, rel_values, loaded)
+                )
         except BadColumnCount:
             found = first_wrong_width(source)
             if found is None:
@@ -179,8 +185,14 @@ class EdgeLoader:
         loaded.edges = EvalEdges.concat(parts)
         return loaded
 
-    def _map_batch(self, source: InputFile, cols: dict[str, pa.Array], first_row: int,
-                   rel_values: pa.Array, loaded: LoadedEdges) -> EvalEdges:
+    def _map_batch(
+        self,
+        source: InputFile,
+        cols: dict[str, pa.Array],
+        first_row: int,
+        rel_values: pa.Array,
+        loaded: LoadedEdges,
+    ) -> EvalEdges:
         n = len(cols["lhs"])
         if "rel" in cols:
             rel_names = as_strings(cols["rel"])
@@ -219,14 +231,23 @@ class EdgeLoader:
             return EvalEdges(lhs[keep], rel[keep], rhs[keep])
         return EvalEdges(lhs, rel, rhs)
 
-    def _why(self, row: int, rel: np.ndarray, lhs: np.ndarray, rhs: np.ndarray,
-             rel_names: pa.Array | None, names: dict[str, pa.Array]) -> str:
+    def _why(
+        self,
+        row: int,
+        rel: np.ndarray,
+        lhs: np.ndarray,
+        rhs: np.ndarray,
+        rel_names: pa.Array | None,
+        names: dict[str, pa.Array],
+    ) -> str:
         if rel[row] < 0:
             assert rel_names is not None
             return f"unknown relation {rel_names[row].as_py()!r} (not one of the model's relations)"
         for side, ids, types in (("lhs", lhs, self.lhs_types), ("rhs", rhs, self.rhs_types)):
             if ids[row] < 0:
                 etype = types[int(rel[row])]
-                return (f"unknown {side} entity {names[side][row].as_py()!r} (not in the "
-                        f"{etype!r} names of {self.entity_store.path})")
+                return (
+                    f"unknown {side} entity {names[side][row].as_py()!r} (not in the "
+                    f"{etype!r} names of {self.entity_store.path})"
+                )
         return "bad edge"

@@ -131,8 +131,9 @@ class _Rows:
         return out
 
 
-def _tasks(model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges | None,
-           side: str) -> Iterator[_Task]:
+def _tasks(
+    model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges | None, side: str
+) -> Iterator[_Task]:
     """The ranking tasks of one side: groups of edges sharing candidates (type and transform)."""
     h, r, t = edges.lhs, edges.rel, edges.rhs
     nrel = max(model.num_relations, int(r.max()) + 1 if len(r) else 1)
@@ -151,14 +152,21 @@ def _tasks(model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges
         def dyn_anchors(idx: np.ndarray) -> Tensor:
             return d.anchors(rows.gather(d.source_type, given[idx]), torch.from_numpy(r[idx]))
 
-        yield _Task(d.target_type, np.arange(len(edges)), given * nrel + r, true, dyn_anchors,
-                    d.candidates, filt)
+        yield _Task(
+            d.target_type,
+            np.arange(len(edges)),
+            given * nrel + r,
+            true,
+            dyn_anchors,
+            d.candidates,
+            filt,
+        )
         return
 
     dirs = [direction(model, side, i) for i in range(len(model.config.relations))]
     if side == "lhs":
         # candidates (lhs + g) do not depend on the relation: one task per lhs type
-        groups = {}
+        groups: dict[str | int, list[int]] = {}  # task key -> relation indices
         for i, d in enumerate(dirs):
             groups.setdefault(d.target_type, []).append(i)
     else:
@@ -182,8 +190,15 @@ def _tasks(model: ScoringModel, rows: _Rows, edges: EvalEdges, known: KnownEdges
             return out
 
         d0 = dirs[members[0]]
-        yield _Task(d0.target_type, sel, given[sel] * nrel + r[sel], true[sel], std_anchors,
-                    d0.candidates, filt)
+        yield _Task(
+            d0.target_type,
+            sel,
+            given[sel] * nrel + r[sel],
+            true[sel],
+            std_anchors,
+            d0.candidates,
+            filt,
+        )
 
 
 @torch.no_grad()
@@ -219,15 +234,32 @@ def rank_edges(
             removed=np.zeros(e, np.int64) if known is not None else None,
         )
         for task in _tasks(model, rows, edges, known, side):
-            _run_task(model, task, bases[task.etype], rows, ranks, chunk_size, max_scores,
-                      super_chunk, progress)
+            _run_task(
+                model,
+                task,
+                bases[task.etype],
+                rows,
+                ranks,
+                chunk_size,
+                max_scores,
+                super_chunk,
+                progress,
+            )
         result[side] = ranks
     return RankingResult(rel=edges.rel.copy(), lhs=result["lhs"], rhs=result["rhs"])
 
 
-def _run_task(model: ScoringModel, task: _Task, bases: np.ndarray, rows: _Rows, out: SideRanks,
-              chunk_size: int, max_scores: int, super_chunk: int,
-              progress: Callable[[float], None] | None) -> None:
+def _run_task(
+    model: ScoringModel,
+    task: _Task,
+    bases: np.ndarray,
+    rows: _Rows,
+    out: SideRanks,
+    chunk_size: int,
+    max_scores: int,
+    super_chunk: int,
+    progress: Callable[[float], None] | None,
+) -> None:
     order = np.argsort(task.keys, kind="stable")
     num_candidates = int(bases[-1])
     for start in range(0, len(order), super_chunk):
@@ -236,8 +268,17 @@ def _run_task(model: ScoringModel, task: _Task, bases: np.ndarray, rows: _Rows, 
         keys = task.keys[pos_in_task]
         true_ids = task.true_ids[pos_in_task]
         raw, filt_ge, removed = _rank_sorted(
-            model, task, idx, keys, true_ids, bases, rows, chunk_size, max_scores,
-            (lambda n: progress(n / 2)) if progress else None, num_candidates,
+            model,
+            task,
+            idx,
+            keys,
+            true_ids,
+            bases,
+            rows,
+            chunk_size,
+            max_scores,
+            (lambda n: progress(n / 2)) if progress else None,
+            num_candidates,
         )
         out.raw[idx] = raw
         out.candidates[idx] = num_candidates
@@ -247,10 +288,19 @@ def _run_task(model: ScoringModel, task: _Task, bases: np.ndarray, rows: _Rows, 
             out.removed[idx] = removed
 
 
-def _rank_sorted(model, task: _Task, idx: np.ndarray, keys: np.ndarray, true_ids: np.ndarray,
-                 bases: np.ndarray, rows: _Rows, chunk_size: int, max_scores: int,
-                 progress: Callable[[float], None] | None, num_candidates: int,
-                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def _rank_sorted(
+    model,
+    task: _Task,
+    idx: np.ndarray,
+    keys: np.ndarray,
+    true_ids: np.ndarray,
+    bases: np.ndarray,
+    rows: _Rows,
+    chunk_size: int,
+    max_scores: int,
+    progress: Callable[[float], None] | None,
+    num_candidates: int,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Raw ranks, filtered-out competitors and removed counts of edges sorted by anchor key."""
     cmp = model.comparator
     n = len(idx)

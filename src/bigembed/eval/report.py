@@ -32,8 +32,15 @@ from bigembed.trained import TrainedModel
 logger = logging.getLogger(__name__)
 
 PROTOCOLS = ("full", "sampled")
-_MODEL_KEYS = ("entities", "relations", "dimension", "comparator", "bias", "global_emb",
-               "dynamic_relations")
+_MODEL_KEYS = (
+    "entities",
+    "relations",
+    "dimension",
+    "comparator",
+    "bias",
+    "global_emb",
+    "dynamic_relations",
+)
 
 
 @dataclass
@@ -96,18 +103,24 @@ class EvalReport:
         lines = [
             f"Evaluation of {self.checkpoint} (version {self.version}) - protocol: {name}",
             f"  candidates: {self.candidates}",
-            f"  edges: {self.num_edges:,} from " + ", ".join(
+            f"  edges: {self.num_edges:,} from "
+            + ", ".join(
                 f"{i['path']}" + (f" ({i['skipped']:,} skipped)" if i["skipped"] else "")
-                for i in self.inputs),
+                for i in self.inputs
+            ),
         ]
         if self.filtered:
-            lines.append(f"  filtered against {self.num_known:,} known edges from "
-                         + ", ".join(self.filter_inputs))
+            lines.append(
+                f"  filtered against {self.num_known:,} known edges from "
+                + ", ".join(self.filter_inputs)
+            )
         lines.append("  ties count against the true entity; each edge is ranked on both sides")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append("")
-        head = f"{'':<14}{'ranks':>9}{'MRR':>9}{'MR':>10}{'Hits@1':>9}{'Hits@3':>9}" \
-               f"{'Hits@10':>9}{'Hits@50':>9}{'AUC':>8}"
+        head = (
+            f"{'':<14}{'ranks':>9}{'MRR':>9}{'MR':>10}{'Hits@1':>9}{'Hits@3':>9}"
+            f"{'Hits@10':>9}{'Hits@50':>9}{'AUC':>8}"
+        )
         lines.append(head)
         for label, kind in (("raw", "raw"), ("filtered", "filtered")):
             m = self.overall.get(kind)
@@ -125,24 +138,30 @@ class EvalReport:
             kind = "filtered" if self.filtered else "raw"
             lines.append("")
             lines.append(f"Per relation ({kind}; MRR(raw) for comparison)")
-            lines.append(f"{'relation':<44}{'ranks':>8}{'MRR':>8}{'MRR(raw)':>9}{'MR':>10}"
-                         f"{'Hits@1':>8}{'Hits@10':>8}{'AUC':>7}")
+            lines.append(
+                f"{'relation':<44}{'ranks':>8}{'MRR':>8}{'MRR(raw)':>9}{'MR':>10}"
+                f"{'Hits@1':>8}{'Hits@10':>8}{'AUC':>7}"
+            )
             for row in self.per_relation:
                 m, raw = row[kind], row["raw"]
                 rname = row["relation"]
                 if len(rname) > 43:
                     rname = "…" + rname[-42:]
-                lines.append(f"{rname:<44}{m['count']:>8}{m['mrr']:>8.4f}{raw['mrr']:>9.4f}"
-                             f"{m['mr']:>10.1f}{m['hits@1']:>8.4f}{m['hits@10']:>8.4f}"
-                             f"{m['auc']:>7.3f}")
+                lines.append(
+                    f"{rname:<44}{m['count']:>8}{m['mrr']:>8.4f}{raw['mrr']:>9.4f}"
+                    f"{m['mr']:>10.1f}{m['hits@1']:>8.4f}{m['hits@10']:>8.4f}"
+                    f"{m['auc']:>7.3f}"
+                )
         lines.append("")
         lines.append(f"({self.seconds:.1f}s)")
         return "\n".join(lines)
 
 
 def _metric_row(label: str, m: dict[str, float]) -> str:
-    return (f"{label:<14}{m['count']:>9}{m['mrr']:>9.4f}{m['mr']:>10.2f}{m['hits@1']:>9.4f}"
-            f"{m['hits@3']:>9.4f}{m['hits@10']:>9.4f}{m['hits@50']:>9.4f}{m['auc']:>8.4f}")
+    return (
+        f"{label:<14}{m['count']:>9}{m['mrr']:>9.4f}{m['mr']:>10.2f}{m['hits@1']:>9.4f}"
+        f"{m['hits@3']:>9.4f}{m['hits@10']:>9.4f}{m['hits@50']:>9.4f}{m['auc']:>8.4f}"
+    )
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -193,8 +212,12 @@ def evaluate_checkpoint(
     edges = EvalEdges.concat([s.edges for s in sources])
     if len(edges) == 0:
         raise InputError("no edges to evaluate in " + ", ".join(s.path for s in sources))
-    notes = [f"{s.path}: {s.skipped:,} edge(s) with unknown names skipped, e.g. "
-             + "; ".join(s.skipped_examples) for s in sources if s.skipped]
+    notes = [
+        f"{s.path}: {s.skipped:,} edge(s) with unknown names skipped, e.g. "
+        + "; ".join(s.skipped_examples)
+        for s in sources
+        if s.skipped
+    ]
 
     known = None
     filter_names: list[str] = []
@@ -205,33 +228,63 @@ def evaluate_checkpoint(
         notes.append("the sampled protocol reports raw ranks only (as PBG does)")
 
     tables = EntityTables(trained, max_bytes=cache_bytes)
-    bar = tqdm(total=len(edges), desc="eval", unit="edge", unit_scale=True, disable=not progress,
-               dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        total=len(edges),
+        desc="eval",
+        unit="edge",
+        unit_scale=True,
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
     try:
         if protocol == "full":
-            ranking = rank_edges(trained.model, tables, trained.partition_bases, edges, known,
-                                 chunk_size=chunk_size, progress=bar.update)
+            ranking = rank_edges(
+                trained.model,
+                tables,
+                trained.partition_bases,
+                edges,
+                known,
+                chunk_size=chunk_size,
+                progress=bar.update,
+            )
             loss = None
             types = {t for r in trained.config.relations for t in (r.lhs, r.rhs)}
-            candidates = "all entities of the corrupted side's type, across all partitions (" + \
-                ", ".join(f"{t}: {tables.total(t):,}" for t in sorted(types)) + ")"
+            candidates = (
+                "all entities of the corrupted side's type, across all partitions ("
+                + ", ".join(f"{t}: {tables.total(t):,}" for t in sorted(types))
+                + ")"
+            )
         else:
             from bigembed.eval.sampled import sampled_ranks
             from bigembed.train.settings import negative_settings
 
             negs = negative_settings(cfg)
-            result = sampled_ranks(trained.model, tables, edges, negs, cfg.batch_size, cfg.seed,
-                                   progress=bar.update)
+            result = sampled_ranks(
+                trained.model, tables, edges, negs, cfg.batch_size, cfg.seed, progress=bar.update
+            )
             ranking = result.ranking
             loss = result.loss_sum / max(len(edges), 1)
-            candidates = (f"sampled from the edge's partitions: "
-                          f"num_batch_negs={negs.num_batch_negs}, "
-                          f"num_uniform_negs={negs.num_uniform_negs} (all_negs per relation); "
-                          f"{result.num_negatives:,.1f} negatives per positive on average")
+            candidates = (
+                f"sampled from the edge's partitions: "
+                f"num_batch_negs={negs.num_batch_negs}, "
+                f"num_uniform_negs={negs.num_uniform_negs} (all_negs per relation); "
+                f"{result.num_negatives:,.1f} negatives per positive on average"
+            )
     finally:
         bar.close()
-    report = _build_report(trained, ranking, protocol, sources, filter_names, known,
-                           per_relation, candidates, notes, loss)
+    report = _build_report(
+        trained,
+        ranking,
+        protocol,
+        sources,
+        filter_names,
+        known,
+        per_relation,
+        candidates,
+        notes,
+        loss,
+    )
     report.seconds = time.perf_counter() - started
     return report
 
@@ -242,11 +295,18 @@ def _warn_if_model_differs(cfg: ConfigSchema, trained: TrainedModel) -> None:
     if differ:
         logger.warning(
             "the config differs from the one %s was trained with in %s; the checkpoint's "
-            "settings are used for the model", trained.path, ", ".join(differ))
+            "settings are used for the model",
+            trained.path,
+            ", ".join(differ),
+        )
 
 
-def _known_edges(loader: EdgeLoader, trained: TrainedModel, sources: list[LoadedEdges],
-                 filter_paths: Sequence[str | os.PathLike[str]]) -> tuple[KnownEdges, list[str]]:
+def _known_edges(
+    loader: EdgeLoader,
+    trained: TrainedModel,
+    sources: list[LoadedEdges],
+    filter_paths: Sequence[str | os.PathLike[str]],
+) -> tuple[KnownEdges, list[str]]:
     """The known true edges: the filter sets plus the evaluated edges, each path read once."""
     seen = {os.path.realpath(s.path): s for s in sources}
     parts = [s.edges for s in sources]
@@ -269,10 +329,18 @@ def _known_edges(loader: EdgeLoader, trained: TrainedModel, sources: list[Loaded
     return known, names
 
 
-def _build_report(trained: TrainedModel, ranking: RankingResult, protocol: str,
-                  sources: list[LoadedEdges], filter_names: list[str], known: KnownEdges | None,
-                  per_relation: bool, candidates: str, notes: list[str],
-                  loss: float | None) -> EvalReport:
+def _build_report(
+    trained: TrainedModel,
+    ranking: RankingResult,
+    protocol: str,
+    sources: list[LoadedEdges],
+    filter_names: list[str],
+    known: KnownEdges | None,
+    per_relation: bool,
+    candidates: str,
+    notes: list[str],
+    loss: float | None,
+) -> EvalReport:
     kinds = ["raw"] + (["filtered"] if known is not None else [])
     present = [s for s in SIDES if ranking.side(s) is not None]
 
@@ -291,8 +359,9 @@ def _build_report(trained: TrainedModel, ranking: RankingResult, protocol: str,
     for s in present:
         side = ranking.side(s)
         assert side is not None
-        sides[s] = {k: summarize(side.ranks(k == "filtered"), side.auc(k == "filtered"))
-                    for k in kinds}
+        sides[s] = {
+            k: summarize(side.ranks(k == "filtered"), side.auc(k == "filtered")) for k in kinds
+        }
     rows: list[dict[str, Any]] | None = None
     names = relation_names(trained)
     if per_relation:

@@ -65,7 +65,11 @@ def sampled_ranks(
     rng = np.random.default_rng(seed)
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("rel", "lr", "lc", "rr", "rc")}
     loss_sum = 0.0
-    buckets = np.unique(np.stack([lhs_part, rhs_part], axis=1), axis=0) if n else []
+    buckets = (
+        np.unique(np.stack([lhs_part, rhs_part], axis=1), axis=0)
+        if n
+        else np.empty((0, 2), np.int64)
+    )
     for i, j in buckets:
         sel = np.flatnonzero((lhs_part == i) & (rhs_part == j))
         rel = edges.rel[sel]

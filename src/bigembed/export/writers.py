@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -124,7 +125,7 @@ def write_npy(
 ) -> list[str]:
     files: list[str] = []
     arrays: dict[str, np.memmap] = {}
-    name_files: dict[str, object] = {}
+    name_files: dict[str, TextIO] = {}
     filled: dict[str, int] = {}
     try:
         for block in blocks:
@@ -141,7 +142,7 @@ def write_npy(
             n = len(block.names)
             arrays[t][filled[t] : filled[t] + n] = block.vectors
             text = ",".join(json.dumps(x, ensure_ascii=False) for x in block.names.to_pylist())
-            name_files[t].write(("," if filled[t] and text else "") + text)  # type: ignore[attr-defined]
+            name_files[t].write(("," if filled[t] and text else "") + text)
             filled[t] += n
         for t, shape in shapes.items():  # types without rows still get (empty) files
             if t not in arrays:
@@ -149,12 +150,14 @@ def write_npy(
                 (out / f"names_{t}.json").write_text("[]\n")
                 files += [f"embeddings_{t}.npy", f"names_{t}.json"]
     finally:
-        for f in name_files.values():
-            f.write("]\n")  # type: ignore[attr-defined]
-            f.close()  # type: ignore[attr-defined]
+        for names_file in name_files.values():
+            names_file.write("]\n")
+            names_file.close()
         for a in arrays.values():
             a.flush()
-    np.savez(out / "relation_params.npz", **{str(i): p.values for i, p in enumerate(params)})
+    # Any: mypy matches **kwargs against savez's ``allow_pickle: bool`` too (keys are digits)
+    relation_arrays: dict[str, Any] = {str(i): p.values for i, p in enumerate(params)}
+    np.savez(out / "relation_params.npz", **relation_arrays)
     index = [
         {
             "key": str(i),

@@ -261,9 +261,13 @@ class Collector:
         lhs_types = self.lhs.of(rel)
         rhs_types = self.rhs.of(rel)
         groups: dict[int, tuple[Prepared, int, np.ndarray | None, np.ndarray | None]] = {}
-        types = set()
-        types.update([self.lhs.constant] if lhs_types is None else np.unique(lhs_types).tolist())
-        types.update([self.rhs.constant] if rhs_types is None else np.unique(rhs_types).tolist())
+        types: set[int] = set()
+        for side, per_edge in ((self.lhs, lhs_types), (self.rhs, rhs_types)):
+            if per_edge is not None:
+                types.update(np.unique(per_edge).tolist())
+            else:
+                assert side.constant is not None  # of() is None only for a single-type side
+                types.add(side.constant)
         for t in sorted(types):
             lhs_rows = _rows(lhs_types, self.lhs.constant, t, len(rel))
             rhs_rows = _rows(rhs_types, self.rhs.constant, t, len(rel))
@@ -289,7 +293,7 @@ class Collector:
     # ---- per flush
     def _encode(self, pending: list[_Pending]) -> dict[str, np.ndarray]:
         n = sum(len(p.rel) for p in pending)
-        out = {
+        out: dict[str, np.ndarray] = {
             "ls": np.empty(n, dtype=np.uint8),
             "li": np.empty(n, dtype=np.int32),
             "rs": np.empty(n, dtype=np.uint8),
@@ -297,7 +301,7 @@ class Collector:
             "rel": np.concatenate([p.rel for p in pending]) if pending else np.empty(0, np.int32),
         }
         if pending and pending[0].weight is not None:
-            out["w"] = np.concatenate([p.weight for p in pending])  # type: ignore[misc]
+            out["w"] = np.concatenate([p.weight for p in pending])
         types = sorted({t for p in pending for t in p.groups})
         for t in types:
             members = [(i, p) for i, p in enumerate(pending) if t in p.groups]

@@ -43,7 +43,7 @@ class AppendableNpy:
             return
         data = np.ascontiguousarray(values, dtype=self.dtype)
         with open(self.path, "ab") as f:
-            f.write(memoryview(data).cast("B"))
+            f.write(data.data.cast("B"))
         self.length += int(data.size)
 
     def finish(self) -> None:

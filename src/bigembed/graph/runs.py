@@ -53,7 +53,7 @@ class RunFiles:
         for c in self.columns:
             data = np.ascontiguousarray(columns[c], dtype=SPILL_COLUMNS[c])
             with open(self._path(run, c), "ab") as f:
-                f.write(memoryview(data).cast("B"))
+                f.write(data.data.cast("B"))
         self.sizes[run] += len(columns["li"])
 
     def read(self, run: int, start: int = 0, count: int | None = None) -> dict[str, np.ndarray]:

@@ -129,20 +129,27 @@ def _in_file(h5py, group, name: str, path: Path):
     if link is None:
         return None
     if isinstance(link, h5py.ExternalLink):
-        raise CheckpointError(f"{where} is an external link to {link.filename}:{link.path}; "
-                              "refusing to read data from outside the checkpoint file")
+        raise CheckpointError(
+            f"{where} is an external link to {link.filename}:{link.path}; "
+            "refusing to read data from outside the checkpoint file"
+        )
     if isinstance(link, h5py.SoftLink):
-        raise CheckpointError(f"{where} is a soft link to {link.path}; a PBG checkpoint holds "
-                              "no links")
+        raise CheckpointError(
+            f"{where} is a soft link to {link.path}; a PBG checkpoint holds no links"
+        )
     obj = group[name]
     if isinstance(obj, h5py.Dataset):
         if obj.external:
             files = ", ".join(sorted({os.fsdecode(e[0]) for e in obj.external}))
-            raise CheckpointError(f"{where} stores its data in external file(s) {files}; "
-                                  "refusing to read data from outside the checkpoint file")
+            raise CheckpointError(
+                f"{where} stores its data in external file(s) {files}; "
+                "refusing to read data from outside the checkpoint file"
+            )
         if obj.is_virtual:
-            raise CheckpointError(f"{where} is a virtual dataset (mapped from other files); "
-                                  "refusing to read data from outside the checkpoint file")
+            raise CheckpointError(
+                f"{where} is a virtual dataset (mapped from other files); "
+                "refusing to read data from outside the checkpoint file"
+            )
     return obj
 
 
@@ -219,8 +226,10 @@ def from_pbg(
             part_names = _read_json(names_file)
             if not isinstance(part_names, list) or len(part_names) != count:
                 got = len(part_names) if isinstance(part_names, list) else "no list of"
-                raise InputError(f"{names_file}: holds {got} names but "
-                                 f"entity_count_{etype}_{part}.txt says {count}")
+                raise InputError(
+                    f"{names_file}: holds {got} names but "
+                    f"entity_count_{etype}_{part}.txt says {count}"
+                )
             names[etype].append(pa.array([str(n) for n in part_names], pa.string()))
             counts[(etype, part)] = count
     if cfg.dynamic_relations:
@@ -228,8 +237,10 @@ def from_pbg(
         rel_names = [str(n) for n in _read_json(rel_file)]
         count_file = src_ent / "dynamic_rel_count.txt"
         if count_file.exists() and _read_int(count_file) != len(rel_names):
-            raise InputError(f"{count_file}: says {_read_int(count_file)} relation types but "
-                             f"{rel_file} lists {len(rel_names)}")
+            raise InputError(
+                f"{count_file}: says {_read_int(count_file)} relation types but "
+                f"{rel_file} lists {len(rel_names)}"
+            )
     else:
         rel_names = [r.name for r in cfg.relations]
 
@@ -249,8 +260,9 @@ def from_pbg(
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
-        raise CheckpointError(f"{model_path}: parameters do not fit the config: "
-                              f"{' '.join(str(exc).split())}") from None
+        raise CheckpointError(
+            f"{model_path}: parameters do not fit the config: {' '.join(str(exc).split())}"
+        ) from None
 
     embeddings: dict[tuple[str, int], np.ndarray] = {}
     for (etype, part), count in counts.items():
@@ -262,33 +274,51 @@ def from_pbg(
             emb = np.array(dset[...], dtype=np.float32)
         dim = cfg.entity_dimension(etype)
         if emb.shape != (count, dim):
-            raise CheckpointError(f"{path}: shape {emb.shape}, expected ({count}, {dim}) from "
-                                  f"the entity count and the config's dimension")
+            raise CheckpointError(
+                f"{path}: shape {emb.shape}, expected ({count}, {dim}) from "
+                f"the entity count and the config's dimension"
+            )
         embeddings[(etype, part)] = emb
 
-    with atomic_directory(out_ent, force=force, marker="entities") as tmp_ent, \
-            atomic_directory(out_ck, force=force, marker="checkpoint") as tmp_ck:
-        write_entity_store(tmp_ent, names=names, relation_names=rel_names,
-                           dynamic_relations=cfg.dynamic_relations, seed=cfg.seed,
-                           extra={"converted_from": str(src_ent.absolute())})
+    with (
+        atomic_directory(out_ent, force=force, marker="entities") as tmp_ent,
+        atomic_directory(out_ck, force=force, marker="checkpoint") as tmp_ck,
+    ):
+        write_entity_store(
+            tmp_ent,
+            names=names,
+            relation_names=rel_names,
+            dynamic_relations=cfg.dynamic_relations,
+            seed=cfg.seed,
+            extra={"converted_from": str(src_ent.absolute())},
+        )
         store = CheckpointStore(tmp_ck)
         for (etype, part), emb in embeddings.items():
-            store.save_partition(etype, part, version, torch.from_numpy(emb),
-                                 torch.zeros(emb.shape[0]))
+            store.save_partition(
+                etype, part, version, torch.from_numpy(emb), torch.zeros(emb.shape[0])
+            )
         store.save_model(version, {"model": model.state_dict(), "optimizer": None})
-        store.save_metadata(version, {
-            "bigembed_version": __version__,
-            "config": config_to_dict(cfg),
-            "iteration": iteration,
-            "entity_counts": {f"{t}_{p}": n for (t, p), n in counts.items()},
-            "num_relations": len(rel_names),
-            "relation_names": rel_names,
-            "converted_from": {"system": "PyTorch-BigGraph", "checkpoint": str(src.absolute())},
-        })
+        store.save_metadata(
+            version,
+            {
+                "bigembed_version": __version__,
+                "config": config_to_dict(cfg),
+                "iteration": iteration,
+                "entity_counts": {f"{t}_{p}": n for (t, p), n in counts.items()},
+                "num_relations": len(rel_names),
+                "relation_names": rel_names,
+                "converted_from": {"system": "PyTorch-BigGraph", "checkpoint": str(src.absolute())},
+            },
+        )
         atomic_write_text(tmp_ck / "config.json", json.dumps(config_to_dict(cfg), indent=1))
         atomic_write_text(tmp_ck / VERSION_FILE, f"{version}\n")
-    return {"version": version, "entity_counts": {f"{t}_{p}": n for (t, p), n in counts.items()},
-            "relations": len(rel_names), "checkpoint": str(out_ck), "entity_path": str(out_ent)}
+    return {
+        "version": version,
+        "entity_counts": {f"{t}_{p}": n for (t, p), n in counts.items()},
+        "relations": len(rel_names),
+        "checkpoint": str(out_ck),
+        "entity_path": str(out_ent),
+    }
 
 
 # ---------------------------------------------------------------------- bigembed -> PBG
@@ -311,8 +341,11 @@ def to_pbg(
     out_ck, out_ent = Path(out_checkpoint).absolute(), Path(out_entity_path).absolute()
     trained = open_checkpoint(checkpoint_dir)
     store = open_entity_store(trained, entity_path)
-    _refuse_existing([(out_ck, "pbg-checkpoint"), (out_ent, "pbg-entities")], force,
-                     [Path(checkpoint_dir), trained.path, store.path])
+    _refuse_existing(
+        [(out_ck, "pbg-checkpoint"), (out_ent, "pbg-entities")],
+        force,
+        [Path(checkpoint_dir), trained.path, store.path],
+    )
     cfg = trained.config
     version = trained.version
     rel_names = relation_names(trained)
@@ -332,8 +365,10 @@ def to_pbg(
             f.attrs[k] = v
 
     counts = {}
-    with atomic_directory(out_ent, force=force, marker="pbg-entities") as tmp_ent, \
-            atomic_directory(out_ck, force=force, marker="pbg-checkpoint") as tmp_ck:
+    with (
+        atomic_directory(out_ent, force=force, marker="pbg-entities") as tmp_ent,
+        atomic_directory(out_ck, force=force, marker="pbg-checkpoint") as tmp_ck,
+    ):
         for etype in cfg.entities:
             for part in range(trained.num_partitions(etype)):
                 if (etype, part) not in trained.entity_counts:
@@ -342,7 +377,8 @@ def to_pbg(
                 counts[f"{etype}_{part}"] = len(names)
                 (tmp_ent / f"entity_count_{etype}_{part}.txt").write_text(f"{len(names)}\n")
                 (tmp_ent / f"entity_names_{etype}_{part}.json").write_text(
-                    json.dumps(names, ensure_ascii=False))
+                    json.dumps(names, ensure_ascii=False)
+                )
                 emb_path = trained.store.embeddings_path(etype, part, version)
                 try:
                     emb = np.load(emb_path, mmap_mode="r", allow_pickle=False)
@@ -364,5 +400,10 @@ def to_pbg(
         extra = {k: full[k] for k in BIGEMBED_ONLY_KEYS if k in full}
         (tmp_ck / SIDE_CONFIG).write_text(json.dumps(extra, indent=1) + "\n")
         (tmp_ck / VERSION_FILE).write_text(f"{version}\n")
-    return {"version": version, "entity_counts": counts, "relations": len(rel_names),
-            "checkpoint": str(out_ck), "entity_path": str(out_ent)}
+    return {
+        "version": version,
+        "entity_counts": counts,
+        "relations": len(rel_names),
+        "checkpoint": str(out_ck),
+        "entity_path": str(out_ent),
+    }

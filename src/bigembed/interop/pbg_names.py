@@ -40,8 +40,10 @@ def to_pbg(key: str, dynamic: bool) -> tuple[str, str]:
     m = _OPERATOR_KEY.match(key)
     if m:
         param = pbg_param_name(m["param"], dynamic)
-        return (f"relations/{m['idx']}/operator/{m['side']}/{param}",
-                f"{m['side']}_operators.{m['idx']}.{param}")
+        return (
+            f"relations/{m['idx']}/operator/{m['side']}/{param}",
+            f"{m['side']}_operators.{m['idx']}.{param}",
+        )
     m = _GLOBAL_KEY.match(key)
     if m:
         return f"entities/{m['type']}/global_embedding", f"global_embs.emb_{m['type']}"

@@ -28,7 +28,7 @@ TILE_ROWS = 256
 
 class _FusedSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx,
         pos: Tensor,
         anchors: Tensor,
@@ -92,7 +92,7 @@ class _FusedSoftmax(torch.autograd.Function):
         return loss, violators
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_violators: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor, _grad_violators: Tensor):
         a, u, gs, grad_pos, gb, a_chunks, s_chunks = ctx.saved_tensors
         batch, dim = a.shape
         groups = u.shape[0]

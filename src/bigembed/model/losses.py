@@ -8,7 +8,7 @@ copying the largest tensor of a step. Masked entries are already at -1e9. ``weig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,15 @@ def _zero(pos: Tensor) -> Tensor:
     return pos.sum() * 0.0
 
 
+def _add_all(terms: Iterable[Tensor]) -> Tensor:
+    """Σ ``terms`` (at least one), left to right: ``sum()`` starts from the int 0."""
+    it = iter(terms)
+    total = next(it)
+    for t in it:
+        total = total + t
+    return total
+
+
 def _weighted_sum(per_positive: Tensor, weight: Tensor | None) -> Tensor:
     if weight is not None:
         per_positive = per_positive * weight
@@ -43,7 +52,7 @@ def ranking_loss(
     if pos.numel() == 0 or not blocks:
         return _zero(pos)
     threshold = (pos - margin).unsqueeze(-1)
-    per_positive = sum((b - threshold).clamp_min(0).sum(-1) for b in blocks)
+    per_positive = _add_all((b - threshold).clamp_min(0).sum(-1) for b in blocks)
     return _weighted_sum(per_positive, weight)
 
 
@@ -69,7 +78,7 @@ class _SoftmaxLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, pos: Tensor, weight: Tensor | None, *blocks: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, pos: Tensor, weight: Tensor | None, *blocks: Tensor) -> Tensor:
         m = pos.clone()
         for b in blocks:
             torch.maximum(m, b.amax(dim=-1), out=m)
@@ -90,7 +99,7 @@ class _SoftmaxLoss(torch.autograd.Function):
         return per_positive.sum() if weight is None else (per_positive * weight).sum()
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor):
         p_pos, weight, *probs = ctx.saved_tensors
         g = grad_out.expand(p_pos.shape[0]) if not ctx.has_weight else grad_out * weight
         g = g.unsqueeze(-1)

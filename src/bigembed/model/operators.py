@@ -65,13 +65,13 @@ class _CubedAbsSum(torch.autograd.Function):
     """Σ|x|³ with a one-pass backward (3·x·|x|) instead of autograd's chain of pow/abs/sign."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor) -> Tensor:
         ax = x.abs()
         ctx.save_for_backward(x, ax)
         return (ax * ax * ax).sum()
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
+    def backward(ctx, g: Tensor):
         x, ax = ctx.saved_tensors
         return x * ax * (3 * g)
 
@@ -80,7 +80,7 @@ class _ComplexCubedModulusSum(torch.autograd.Function):
     """Σ (a² + b²)^{3/2} over the complex halves [a | b] of x; gradient 3·[a | b]·√(a² + b²)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor) -> Tensor:
         a, b = torch.split(x, x.shape[-1] // 2, dim=-1)
         r2 = torch.addcmul(a * a, b, b)  # |z|^2
         r = r2.sqrt()
@@ -88,7 +88,7 @@ class _ComplexCubedModulusSum(torch.autograd.Function):
         return torch.dot(r2.view(-1), r.view(-1))  # sum |z|^3 without another temporary
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
+    def backward(ctx, g: Tensor):
         x, r = ctx.saved_tensors
         half = x.shape[-1] // 2
         # 3g folded into the half-size r first: one full-size pass instead of two.
@@ -110,7 +110,7 @@ class _ComplexMultiply(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, re: Tensor, im: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, re: Tensor, im: Tensor) -> Tensor:
         half = x.shape[-1] // 2
         a, b = x[..., :half], x[..., half:]
         out = torch.empty_like(x)
@@ -122,7 +122,7 @@ class _ComplexMultiply(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[override]
+    def backward(ctx, g: Tensor):
         x, re, im = ctx.saved_tensors
         half = x.shape[-1] // 2
         a, b = x[..., :half], x[..., half:]

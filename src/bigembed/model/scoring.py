@@ -18,6 +18,7 @@ against corrupted rhs, so negatives never pass through a per-edge operator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -88,6 +89,12 @@ class BatchScores:
         return count(self.lhs_pos, self.lhs_neg), count(self.rhs_pos, self.rhs_neg)
 
 
+def _operator(operators: nn.ModuleList, idx: int) -> Operator:
+    """``operators[idx]``: the lists hold only operators (made by ``make_operator``), which
+    ``nn.ModuleList`` indexing, typed ``Module``, cannot say."""
+    return cast(Operator, operators[idx])
+
+
 class ScoringModel(nn.Module):
     def __init__(self, config: ConfigSchema, num_dynamic_relations: int = 0) -> None:
         super().__init__()
@@ -139,10 +146,10 @@ class ScoringModel(nn.Module):
         return x
 
     def rhs_operator(self, relation_idx: int) -> Operator:
-        return self.rhs_operators[0 if self.dynamic else relation_idx]
+        return _operator(self.rhs_operators, 0 if self.dynamic else relation_idx)
 
     def lhs_operator(self) -> Operator:
-        return self.lhs_operators[0] if self.dynamic else IdentityOperator(0)
+        return _operator(self.lhs_operators, 0) if self.dynamic else IdentityOperator(0)
 
     # ------------------------------------------------------------------ scoring
     def _direction(
@@ -279,7 +286,7 @@ class ScoringModel(nn.Module):
             ]
             reg = self._reg(op, lhs_p, rhs_t, None, chunks)
         else:
-            rhs_op, lhs_op = self.rhs_operators[0], self.lhs_operators[0]
+            rhs_op, lhs_op = self.rhs_operator(0), self.lhs_operator()
             lhs_p = cmp.prepare(lhs_x)
             rhs_p = cmp.prepare(rhs_x)
             rhs_t = cmp.prepare(rhs_op(rhs_x, rel))

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 import torch
@@ -112,9 +113,9 @@ def worker_main(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
         task = tasks.get()
         if task is None:
             return
+        reply: tuple[int, str, StepStats | str]  # (rank, "ok", stats) or (rank, "error", text)
         try:
-            stats = run_task(setup, task, trainer, progress)
-            reply = (rank, "ok", stats)
+            reply = (rank, "ok", run_task(setup, task, trainer, progress))
         except Exception:
             reply = (rank, "error", traceback.format_exc())
         # Drop the task's tables before replying: once the trainer has every reply it may evict
@@ -128,7 +129,7 @@ class HogwildPool:
         self.setup = setup
         self.workers = workers
         self.board = torch.zeros((workers, 2), dtype=torch.float64)
-        self._procs: list[mp.process.BaseProcess] = []
+        self._procs: list[BaseProcess] = []
         if workers > 1:
             ctx = mp.get_context("spawn")
             self.board.share_memory_()
@@ -182,13 +183,18 @@ class HogwildPool:
 
             task = BucketTask(tables, sides, lhs, rhs, rel, weight, 0, n, seed)
             return run_task(self.setup, task, self._trainer, progress)
-        shared = [t.share_memory_() if t is not None else None for t in (lhs, rhs, rel, weight)]
+        for t in (lhs, rhs, rel, weight):
+            if t is not None:
+                t.share_memory_()  # in place: the tasks pickle handles to shared memory
         for rank in range(self.workers):
             self._tasks[rank].put(
                 BucketTask(
                     tables,
                     sides,
-                    *shared,
+                    lhs,
+                    rhs,
+                    rel,
+                    weight,
                     int(bounds[rank]),
                     int(bounds[rank + 1]),
                     seed * 1000 + rank,

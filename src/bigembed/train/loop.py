@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from bigembed import __version__
@@ -34,7 +35,7 @@ from bigembed.train.evaluation import evaluate_edges, split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.partitions import PartitionKey, PartitionSource, PartitionStore
 from bigembed.train.settings import negative_settings
-from bigembed.train.step import StepStats
+from bigembed.train.step import StepStats, Table
 
 logger = logging.getLogger(__name__)
 
@@ -505,7 +506,13 @@ class Trainer:
             tqdm.write(line)
         return summary
 
-    def _evaluate(self, tables, sides, args, seed: int) -> RankingSums:
+    def _evaluate(
+        self,
+        tables: dict[PartitionKey, Table],
+        sides: list[tuple[PartitionKey, PartitionKey]],
+        args: tuple[Tensor, Tensor, Tensor, Tensor | None],  # held-out (lhs, rhs, rel, weight)
+        seed: int,
+    ) -> RankingSums:
         cfg = self.cfg
         negs = negative_settings(cfg, for_eval=True)
         batch = cfg.batch_size
