@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bigembed.checkpoints.store import CheckpointStore  # noqa: E402
 from bigembed.config import config_to_dict  # noqa: E402
-from bigembed.train.checkpoint import CheckpointStore  # noqa: E402
 from synthetic import graph_config, write_graph  # noqa: E402
 
 RUNS = [

@@ -62,10 +62,10 @@ def ensure_import(work: Path) -> None:
 def untrained_checkpoint(work: Path, cfg) -> Path:
     """A committed checkpoint with random embeddings and the config's model (not trained)."""
     from bigembed.atomic import atomic_write_text
+    from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
     from bigembed.config import config_to_dict
-    from bigembed.graph.entities import EntityStore
     from bigembed.model.scoring import ScoringModel
-    from bigembed.train.checkpoint import VERSION_FILE, CheckpointStore
+    from bigembed.storage.entities import EntityStore
 
     path = Path(cfg.checkpoint_path)
     if (path / VERSION_FILE).exists():

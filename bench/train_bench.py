@@ -175,11 +175,11 @@ def main() -> int:
 
 
 def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
+    from bigembed.checkpoints.reading import load_trained
     from bigembed.eval.filters import KnownEdges
     from bigembed.eval.metrics import RankingSums
     from bigembed.eval.ranking import EvalEdges, rank_edges
-    from bigembed.graph.edges import EdgeStore
-    from bigembed.trained import load_trained
+    from bigembed.storage.edges import EdgeStore
 
     tm = load_trained(ckpt)
 

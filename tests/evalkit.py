@@ -17,12 +17,12 @@ import pyarrow as pa
 import torch
 
 from bigembed.atomic import atomic_write_text
+from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
 from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
-from bigembed.graph.edges import write_edge_manifest
-from bigembed.graph.entities import write_entity_store
-from bigembed.graph.format import bucket_dir
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.checkpoint import VERSION_FILE, CheckpointStore
+from bigembed.storage.edges import write_edge_manifest
+from bigembed.storage.entities import write_entity_store
+from bigembed.storage.format import bucket_dir
 
 Edge = tuple[str, str, str]
 

@@ -10,8 +10,8 @@ import numpy as np
 import yaml
 
 from bigembed.config import load_config
-from bigembed.graph import EdgeStore, EntityStore
-from bigembed.graph.importer import ImportOptions, run_import
+from bigembed.importing.importer import ImportOptions, run_import
+from bigembed.storage import EdgeStore, EntityStore
 
 
 def write_config(

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from bigembed.config import ConfigSchema, parse_config_dict
-from bigembed.graph.edges import write_edge_manifest
-from bigembed.graph.entities import write_entity_store
-from bigembed.graph.format import bucket_dir
+from bigembed.storage.edges import write_edge_manifest
+from bigembed.storage.entities import write_entity_store
+from bigembed.storage.format import bucket_dir
 
 
 def write_graph(

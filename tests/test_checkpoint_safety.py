@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bigembed.checkpoints.reading import load_trained
+from bigembed.checkpoints.store import FRESH_MARKER, STATS_FILE, VERSION_FILE, CheckpointStore
 from bigembed.cli import main as cli_main
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError
-from bigembed.train.checkpoint import FRESH_MARKER, STATS_FILE, VERSION_FILE, CheckpointStore
 from bigembed.train.loop import train
-from bigembed.trained import load_trained
 from synthetic import graph_config, write_graph
 
 
@@ -249,7 +249,7 @@ def test_corrupt_metadata_is_one_line(
 # ---------------------------------------------------------------------- import ids
 def test_checkpoint_refuses_another_import(tmp_path: Path, capsys) -> None:
     """Import, train, re-import (new ids): eval, export, similar and train all refuse."""
-    from bigembed.graph.entities import EntityStore
+    from bigembed.storage.entities import EntityStore
     from graph_helpers import random_edges, write_config, write_tsv
 
     config = write_config(tmp_path, entities={"node": 1})

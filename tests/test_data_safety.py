@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from bigembed.cli import main as cli_main
-from bigembed.graph import EdgeStore, EntityStore
-from bigembed.graph.publish import Publisher
+from bigembed.importing.publish import Publisher
 from bigembed.output_paths import STAGING_MARKER, claim_staging
+from bigembed.storage import EdgeStore, EntityStore
 from graph_helpers import random_edges, write_config, write_tsv
 
 ROOT = Path(__file__).resolve().parents[1]

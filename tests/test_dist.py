@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
-from bigembed.dist.layout import RankLayout
-from bigembed.dist.lock_server import BucketScheduler, EventLog, PassPlan
-from bigembed.dist.param_server import ShardPlan
-from bigembed.train.checkpoint import CheckpointStore
+from bigembed.distributed.layout import RankLayout
+from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
+from bigembed.distributed.param_server import ShardPlan
 from synthetic import graph_config, write_graph
 
 CLI = [sys.executable, "-m", "bigembed.cli"]
@@ -137,11 +137,11 @@ def bucket_records(cfg: Any) -> dict[int, list[tuple[int, int]]]:
 
 def withheld_mrr(cfg: Any) -> float:
     """Raw MRR of the edges training withheld (eval_fraction), ranked against all entities."""
+    from bigembed.checkpoints.reading import load_trained
     from bigembed.eval.ranking import EvalEdges, rank_edges
-    from bigembed.graph.edges import EdgeStore
+    from bigembed.storage.edges import EdgeStore
     from bigembed.train.evaluation import split_eval
     from bigembed.train.loop import _mix
-    from bigembed.trained import load_trained
 
     model = load_trained(cfg.checkpoint_path)
     edges = EdgeStore(cfg.edge_paths[0])

@@ -23,14 +23,14 @@ import pyarrow as pa
 import pytest
 import torch
 
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
-from bigembed.dist.param_server import ParameterServer, ShardPlan, gather
-from bigembed.dist.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
-from bigembed.graph.edges import write_edge_manifest
-from bigembed.graph.entities import write_entity_store
-from bigembed.graph.format import bucket_dir
+from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
+from bigembed.distributed.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.checkpoint import CheckpointStore
+from bigembed.storage.edges import write_edge_manifest
+from bigembed.storage.entities import write_entity_store
+from bigembed.storage.format import bucket_dir
 from bigembed.train.partitions import init_embeddings
 from synthetic import graph_config
 from test_dist import CLI, ENV, TIMEOUT, check_events, free_port, read_events, run

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from bigembed.errors import InputError
-from bigembed.graph import EdgeStore, EntityStore, chunk_range
-from bigembed.graph.edges import write_edge_manifest
-from bigembed.graph.entities import write_entity_store
-from bigembed.graph.npyfile import AppendableNpy
+from bigembed.importing.npyfile import AppendableNpy
+from bigembed.storage import EdgeStore, EntityStore, chunk_range
+from bigembed.storage.edges import write_edge_manifest
+from bigembed.storage.entities import write_entity_store
 
 
 def test_chunk_range_follows_pbg_rule() -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bigembed.datasets import fb15k237_files
-from bigembed.graph import EdgeStore, EntityStore
+from bigembed.storage import EdgeStore, EntityStore
 from graph_helpers import do_import, leftovers, random_edges, read_back, write_config, write_tsv
 
 
@@ -45,7 +45,7 @@ def test_round_trip_every_edge_once_in_its_bucket(tmp_path: Path) -> None:
 
 
 def _cols(**kw):
-    from bigembed.graph.inputs import ColumnSpec
+    from bigembed.edgelists.inputs import ColumnSpec
 
     return ColumnSpec(**kw)
 
@@ -113,7 +113,7 @@ def test_parquet_and_csv_inputs_with_named_columns(tmp_path: Path) -> None:
     body = "head,weight,rel,tail\n" + "\n".join(",".join(r) for r in csv_rows) + "\n"
     csv.write_bytes(gzip.compress(body.encode()))
     spec = _cols(lhs="head", rel="rel", rhs="tail", weight="weight")
-    from bigembed.graph.inputs import TextOptions
+    from bigembed.edgelists.inputs import TextOptions
 
     cfg, _ = do_import(config, [csv], columns=spec, text=TextOptions(header=True), force=True)
     expected = Counter((f"{a}, x", r, b, float(w)) for a, r, b, w in rows)
@@ -225,7 +225,7 @@ def test_tiny_buffers_force_many_flushes_runs_and_splits(tmp_path: Path) -> None
         entities={"user": 3, "item": 1},
         relations=[("a", "user", "item"), ("b", "item", "user")],
     )
-    from bigembed.graph.inputs import TextOptions
+    from bigembed.edgelists.inputs import TextOptions
 
     cfg, summary = do_import(
         config,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
-from bigembed.train.checkpoint import CheckpointStore
 from synthetic import graph_config, write_graph
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")

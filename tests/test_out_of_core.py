@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
 from bigembed.train.bucket_order import bucket_order
-from bigembed.train.checkpoint import CheckpointStore
 from bigembed.train.loop import Iteration, Trainer, _mix
 from bigembed.train.partitions import PartitionKey, PartitionStore
 from synthetic import graph_config, write_graph

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.checkpoints.reading import load_trained
 from bigembed.cli import main as cli_main
-from bigembed.graph.edges import EdgeStore
+from bigembed.storage.edges import EdgeStore
 from bigembed.train.loop import train
-from bigembed.trained import load_trained
 from synthetic import graph_config, write_graph
 
 

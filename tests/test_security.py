@@ -24,14 +24,14 @@ import pytest
 import torch.distributed as dist
 
 from bigembed.config import config_to_dict
-from bigembed.dist import rpc as rpc_module
-from bigembed.dist.auth import (
+from bigembed.distributed import rpc as rpc_module
+from bigembed.distributed.auth import (
     BadMac,
     Secret,
     load_secret,
 )
-from bigembed.dist.rpc import RpcClient, RpcServer
-from bigembed.dist.store import StoreAddress
+from bigembed.distributed.rpc import RpcClient, RpcServer
+from bigembed.distributed.store import StoreAddress
 from bigembed.errors import ConfigError, PeerError
 from synthetic import graph_config, write_graph
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.checkpoints.reading import load_trained
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.cli import main as cli_main
-from bigembed.train.checkpoint import CheckpointStore
 from bigembed.train.loop import Trainer, train
-from bigembed.trained import load_trained
 from synthetic import graph_config, write_graph
 
 

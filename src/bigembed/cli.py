@@ -33,7 +33,7 @@ COMMAND_MODULES = (
     "query_cmd",
     "convert_cmd",
     "plot_cmd",
-    "dist_cmd",
+    "distributed_cmd",
 )
 
 

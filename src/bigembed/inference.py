@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bigembed.checkpoints.reading import TrainedModel, load_trained
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.graph.entities import EntityStore
-from bigembed.trained import TrainedModel, load_trained
+from bigembed.storage.entities import EntityStore
 
 DEFAULT_CACHE_BYTES = 2 << 30
 

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bigembed.checkpoints.reading import TrainedModel
 from bigembed.errors import InputError
 from bigembed.eval.directions import direction, pair_scores
 from bigembed.eval.filters import KnownEdges
-from bigembed.graph.entities import EntityStore
 from bigembed.inference import (
     DEFAULT_CACHE_BYTES,
     EntityTables,
@@ -45,7 +45,7 @@ from bigembed.inference import (
     relation_names,
 )
 from bigembed.nearest import RunningTopK, faiss_available, faiss_topk
-from bigembed.trained import TrainedModel
+from bigembed.storage.entities import EntityStore
 
 logger = logging.getLogger(__name__)
 

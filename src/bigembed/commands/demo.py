@@ -46,7 +46,7 @@ def _overrides(args: argparse.Namespace, work: Path, edge_paths: list[Path]) -> 
 
 def run(args: argparse.Namespace) -> int:
     from bigembed.config import load_config
-    from bigembed.graph.importer import ImportOptions, run_import
+    from bigembed.importing.importer import ImportOptions, run_import
     from bigembed.train.loop import train
 
     work = Path(args.workdir).resolve()
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plot_curves(cfg, work: Path) -> Path | None:
     """The loss curve of the run as a PNG next to the results (None if there are no stats)."""
-    from bigembed.train.checkpoint import CheckpointStore
+    from bigembed.checkpoints.store import CheckpointStore
     from bigembed.train.plotting import plot_training
 
     store = CheckpointStore(cfg.checkpoint_path)

@@ -31,8 +31,8 @@ def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def file_options(args: argparse.Namespace):
+    from bigembed.edgelists.inputs import ColumnSpec, TextOptions
     from bigembed.eval.edge_input import FileOptions
-    from bigembed.graph.inputs import ColumnSpec, TextOptions
 
     return FileOptions(
         columns=ColumnSpec(lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from bigembed.commands.columns import add_column_arguments
 from bigembed.config import add_config_arguments, config_from_args
-from bigembed.graph.importer import ImportOptions, run_import
-from bigembed.graph.inputs import FORMATS, ColumnSpec, TextOptions
+from bigembed.edgelists.inputs import FORMATS, ColumnSpec, TextOptions
+from bigembed.importing.importer import ImportOptions, run_import
 
 DESCRIPTION = """\
 Import edge lists into the entity store (config entity_path) and one bucketed edge store per

@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.train.checkpoint import CheckpointStore
+    from bigembed.checkpoints.store import CheckpointStore
     from bigembed.train.plotting import plot_training
 
     store = CheckpointStore(args.checkpoint_dir)

@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(p)
     p.add_argument("--rank", type=int, default=0, help="this machine's rank in distributed mode")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from bigembed.dist.auth import add_security_arguments
+    from bigembed.distributed.auth import add_security_arguments
 
     add_security_arguments(p)  # distributed mode: shared secret, bind address
     p.set_defaults(func=run)
@@ -29,8 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     if cfg.num_machines > 1:
-        from bigembed.dist.auth import apply_security_arguments
-        from bigembed.dist.launch import train_distributed  # distributed mode lands separately
+        from bigembed.distributed.auth import apply_security_arguments
+        from bigembed.distributed.rank_main import (
+            train_distributed,  # distributed mode lands separately
+        )
 
         apply_security_arguments(args)
 

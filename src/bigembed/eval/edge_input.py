@@ -17,22 +17,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bigembed.errors import InputError
-from bigembed.eval.ranking import EvalEdges
-from bigembed.graph.edges import EdgeStore
-from bigembed.graph.entities import EntityStore
-from bigembed.graph.format import MANIFEST
-from bigembed.graph.inputs import (
+from bigembed.checkpoints.reading import TrainedModel
+from bigembed.edgelists.inputs import (
     BadColumnCount,
     ColumnSpec,
     InputFile,
     TextOptions,
     detect_format,
 )
-from bigembed.graph.locate import first_wrong_width, location
-from bigembed.graph.validate import as_strings
+from bigembed.edgelists.locate import first_wrong_width, location
+from bigembed.edgelists.validate import as_strings
+from bigembed.errors import InputError
+from bigembed.eval.ranking import EvalEdges
 from bigembed.inference import open_entity_store, relation_names
-from bigembed.trained import TrainedModel
+from bigembed.storage.edges import EdgeStore
+from bigembed.storage.entities import EntityStore
+from bigembed.storage.format import MANIFEST
 
 
 @dataclass

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
+from bigembed.checkpoints.reading import TrainedModel
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
@@ -27,7 +28,6 @@ from bigembed.eval.filters import KnownEdges
 from bigembed.eval.metrics import summarize, summarize_groups
 from bigembed.eval.ranking import SIDES, EvalEdges, RankingResult, rank_edges
 from bigembed.inference import EntityTables, open_checkpoint, relation_names
-from bigembed.trained import TrainedModel
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from bigembed.atomic import atomic_directory
+from bigembed.checkpoints.reading import TrainedModel
 from bigembed.errors import InputError
 from bigembed.export.relations import relation_params
 from bigembed.export.writers import (
@@ -33,10 +34,9 @@ from bigembed.export.writers import (
     write_projector,
     write_tsv,
 )
-from bigembed.graph.entities import EntityStore
 from bigembed.inference import EntityTables, open_checkpoint, open_entity_store
 from bigembed.output_paths import check_replaceable, refuse_overlap, write_error
-from bigembed.trained import TrainedModel
+from bigembed.storage.entities import EntityStore
 
 FORMATS = ("tsv", "npy", "parquet", "projector")
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bigembed.checkpoints.reading import TrainedModel
 from bigembed.inference import relation_names
 from bigembed.interop.pbg_names import pbg_param_name
-from bigembed.trained import TrainedModel
 
 
 @dataclass

@@ -30,15 +30,15 @@ import torch
 
 from bigembed import __version__
 from bigembed.atomic import atomic_directory, atomic_write_text
+from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
 from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.graph.entities import write_entity_store
 from bigembed.inference import open_checkpoint, open_entity_store, relation_names
 from bigembed.interop.pbg_names import from_pbg as public_to_key
 from bigembed.interop.pbg_names import to_pbg as key_to_public
 from bigembed.model.scoring import ScoringModel
 from bigembed.output_paths import check_replaceable, refuse_overlap
-from bigembed.train.checkpoint import VERSION_FILE, CheckpointStore
+from bigembed.storage.entities import write_entity_store
 
 BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
 SIDE_CONFIG = "bigembed_config.json"

@@ -4,7 +4,7 @@ It is composed of small parts so that the distributed trainer can reuse it and s
 buckets and partitions come from: a :class:`BucketSource` (here, the local ``bucket_order``),
 a :class:`~bigembed.train.partitions.PartitionStore`, the
 :class:`~bigembed.train.hogwild.HogwildPool` that runs the steps, and the
-:class:`~bigembed.train.checkpoint.CheckpointStore` that commits each (epoch, edge set, chunk).
+:class:`~bigembed.checkpoints.store.CheckpointStore` that commits each (epoch, edge set, chunk).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from torch import Tensor
 from tqdm import tqdm
 
 from bigembed import __version__
+from bigembed.checkpoints.store import CheckpointStore, check_same_import
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.eval.metrics import RankingSums
-from bigembed.graph.edges import EdgeStore, check_edges_import
-from bigembed.graph.entities import EntityStore
 from bigembed.model.scoring import ScoringModel
+from bigembed.storage.edges import EdgeStore, check_edges_import
+from bigembed.storage.entities import EntityStore
 from bigembed.train.bucket_order import Bucket, bucket_order
-from bigembed.train.checkpoint import CheckpointStore, check_same_import
 from bigembed.train.evaluation import evaluate_edges, split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.partitions import PartitionKey, PartitionSource, PartitionStore
@@ -236,7 +236,7 @@ class Trainer:
         return self.entities.import_id
 
     # ------------------------------------------------------------------ hooks (the distributed
-    # trainer overrides these; see bigembed.dist.trainer)
+    # trainer overrides these; see bigembed.distributed.trainer)
     def _open_checkpoint(self) -> int:
         """Drop the files of an interrupted step; returns the committed version."""
         ck = self.checkpoint

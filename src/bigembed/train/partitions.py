@@ -3,7 +3,7 @@
 Out-of-core rule: only the partitions of the current bucket (plus unpartitioned entity types,
 which every bucket needs) are resident; a partition that the next bucket also uses stays.
 Everything else lives on disk with its optimizer state. Swapped-out partitions are written as
-the in-progress version (see :mod:`bigembed.train.checkpoint`).
+the in-progress version (see :mod:`bigembed.checkpoints.store`).
 
 Tables are allocated in shared memory when Hogwild workers need them. Running out of
 ``/dev/shm`` kills a process with SIGBUS (PBG's most reported crash), so the free space is
@@ -20,8 +20,8 @@ from typing import Protocol
 
 import torch
 
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
-from bigembed.train.checkpoint import CheckpointStore
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from bigembed.dist.layout import RankLayout
-from bigembed.dist.store import StoreAddress, is_timeout
+from bigembed.distributed.layout import RankLayout
+from bigembed.distributed.store import StoreAddress, is_timeout
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)

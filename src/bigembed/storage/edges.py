@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bigembed.errors import InputError
-from bigembed.graph.format import (
+from bigembed.storage.format import (
     EDGE_FORMAT,
     FORMAT_VERSION,
     IMPORT_ID,
@@ -27,7 +27,7 @@ from bigembed.graph.format import (
 )
 
 if TYPE_CHECKING:
-    from bigembed.graph.entities import EntityStore
+    from bigembed.storage.entities import EntityStore
 
 
 @dataclass

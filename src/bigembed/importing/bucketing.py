@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from bigembed.graph.dictionary import NUM_SHARDS
-from bigembed.graph.format import bucket_dir
-from bigembed.graph.npyfile import AppendableNpy
-from bigembed.graph.runs import RunFiles
+from bigembed.importing.dictionary import NUM_SHARDS
+from bigembed.importing.npyfile import AppendableNpy
+from bigembed.importing.runs import RunFiles
+from bigembed.storage.format import bucket_dir
 
 SPLIT_SLACK = 1.5
 

@@ -6,10 +6,11 @@ accumulators, which are sums and merge exactly the same way. :class:`ShardPlan` 
 segments: a tensor over 10 MB is split evenly over all servers, a smaller one lives whole on
 the server its name hashes to. A server's shard is one flat float32 vector.
 
-Each server runs a thread per remote client (its sharer loop, see :mod:`bigembed.dist.sharer`)
-that repeatedly receives a header and a delta, adds the delta to the shard and sends the merged
-value back, over the trainers' gloo group. The client sends continuously (at least a few
-rounds per second), so gloo's timeout on these receives really means a dead peer.
+Each server runs a thread per remote client (its sharer loop, see
+:mod:`bigembed.distributed.sharer`) that repeatedly receives a header and a delta, adds the
+delta to the shard and sends the merged value back, over the trainers' gloo group. The client
+sends continuously (at least a few rounds per second), so gloo's timeout on these receives
+really means a dead peer.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
-from bigembed.dist.auth import BIND_ENV
+from bigembed.distributed.auth import BIND_ENV
 from bigembed.errors import PeerError
 
 NAMESPACE = "bigembed"

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bigembed.checkpoints.store import CheckpointStore, check_same_import, npy_header
 from bigembed.config import ConfigSchema, parse_config_dict
 from bigembed.errors import CheckpointError
-from bigembed.graph.entities import EntityStore
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.checkpoint import CheckpointStore, check_same_import, npy_header
+from bigembed.storage.entities import EntityStore
 
 
 @dataclass

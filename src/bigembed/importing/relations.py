@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bigembed.graph.dictionary import GrowingDictionary
-from bigembed.graph.validate import (
+from bigembed.edgelists.validate import (
     BAD_UTF8,
     EMPTY_RELATION,
     NUL_BYTE,
@@ -25,6 +24,7 @@ from bigembed.graph.validate import (
     as_strings,
     has_nul,
 )
+from bigembed.importing.dictionary import GrowingDictionary
 
 
 def _valid_utf8(values: pa.Array) -> np.ndarray:

@@ -33,8 +33,8 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
-from bigembed.dist.auth import Session
-from bigembed.dist.rpc import Message, RpcServer
+from bigembed.distributed.auth import Session
+from bigembed.distributed.rpc import Message, RpcServer
 
 logger = logging.getLogger(__name__)
 

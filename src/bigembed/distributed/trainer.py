@@ -3,7 +3,7 @@
 :class:`DistributedTrainer` subclasses :class:`~bigembed.train.loop.Trainer` and replaces only
 where things come from and go to:
 
-* buckets come from the lock server (:class:`~bigembed.dist.lock_client.LockedBucketSource`);
+* buckets come from the lock server (:class:`~bigembed.distributed.lock_client.LockedBucketSource`);
 * swapped-out partitions go to the partition servers (or, with ``num_partition_servers: 0``,
   to the checkpoint directory on the shared disk, exactly as on one machine);
 * shared parameters are kept in step by the parameter servers and the sharer loop;
@@ -25,17 +25,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.config import ConfigSchema
-from bigembed.dist.auth import BadMac, seal, unseal
-from bigembed.dist.context import DistContext
-from bigembed.dist.layout import PartitionKey
-from bigembed.dist.lock_client import LockClient, LockedBucketSource
-from bigembed.dist.lock_server import Bucket, BucketScheduler, EventLog, LockServer, PassPlan
-from bigembed.dist.param_server import ParameterServer, ShardPlan, gather
-from bigembed.dist.partition_server import PartitionClient, PartitionServer
-from bigembed.dist.sharer import Sharer
-from bigembed.dist.store import store_set
+from bigembed.distributed.auth import BadMac, seal, unseal
+from bigembed.distributed.context import DistContext
+from bigembed.distributed.layout import PartitionKey
+from bigembed.distributed.lock_client import LockClient, LockedBucketSource
+from bigembed.distributed.lock_server import Bucket, BucketScheduler, EventLog, LockServer, PassPlan
+from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
+from bigembed.distributed.partition_server import PartitionClient, PartitionServer
+from bigembed.distributed.sharer import Sharer
+from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
-from bigembed.graph.edges import chunk_range
+from bigembed.storage.edges import chunk_range
 from bigembed.train.loop import Iteration, Trainer, iterations
 from bigembed.train.partitions import PartitionSource, PartitionStore
 from bigembed.train.step import Table

@@ -8,7 +8,7 @@ of a billion names cannot be read in pieces).
 Each import gets an ``import_id`` (a random id plus a digest of the entity files, hashed while
 they are written) recorded in the manifest; the edge stores bucketed against this store record
 it too, so a mix of stores from different imports is detected
-(:func:`bigembed.graph.edges.check_edges_import`).
+(:func:`bigembed.storage.edges.check_edges_import`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bigembed.errors import InputError
-from bigembed.graph.format import (
+from bigembed.storage.format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
     ENTITY_FORMAT,

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from bigembed.edgelists.arrow_files import ArrowObjects
+from bigembed.edgelists.throttle import ReadAheadLimit
 from bigembed.errors import InputError
-from bigembed.graph.arrow_files import ArrowObjects
-from bigembed.graph.throttle import ReadAheadLimit
 
 TEXT_FORMATS = ("tsv", "csv")
 FORMATS = (*TEXT_FORMATS, "parquet")

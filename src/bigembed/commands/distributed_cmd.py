@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from bigembed.config import add_config_arguments, config_from_args
-from bigembed.dist.auth import add_security_arguments, apply_security_arguments
+from bigembed.distributed.auth import add_security_arguments, apply_security_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,14 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from bigembed.dist.launcher import launch
+    from bigembed.distributed.local_launch import launch
 
     apply_security_arguments(args)
     return launch(args.config, args.param or [], args.nproc, progress=args.progress)
 
 
 def run_partition_server(args: argparse.Namespace) -> int:
-    from bigembed.dist.launch import serve_partitions
+    from bigembed.distributed.rank_main import serve_partitions
     from bigembed.errors import ConfigError
 
     apply_security_arguments(args)

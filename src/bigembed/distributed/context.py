@@ -5,7 +5,7 @@ Start-up, on every rank (trainer or partition server):
 1. connect to the rendezvous store (rank 0 hosts it for tcp://);
 2. announce ``join/RANK`` (a second process claiming the same rank, or a stale file:// store,
    is refused) and wait up to ``JOIN_FACTOR x distributed_timeout`` for the whole world; with a
-   shared secret (:mod:`bigembed.dist.auth`) rank 0 instead admits each rank by a
+   shared secret (:mod:`bigembed.distributed.auth`) rank 0 instead admits each rank by a
    challenge-response over its nonce, refusing (and logging) any attempt without a valid proof,
    and every rank derives the run's session key, which signs the control messages;
 3. start the heartbeat watchdog;
@@ -33,7 +33,7 @@ from typing import Any
 import torch.distributed as dist
 
 from bigembed.config import ConfigSchema, config_to_dict
-from bigembed.dist.auth import (
+from bigembed.distributed.auth import (
     MODE_HMAC,
     MODE_NONE,
     BadMac,
@@ -44,9 +44,9 @@ from bigembed.dist.auth import (
     seal,
     unseal,
 )
-from bigembed.dist.layout import RankLayout
-from bigembed.dist.store import StoreAddress, choose_gloo_interface, is_timeout, store_set
-from bigembed.dist.watchdog import Watchdog, exit_now, store_barrier
+from bigembed.distributed.layout import RankLayout
+from bigembed.distributed.store import StoreAddress, choose_gloo_interface, is_timeout, store_set
+from bigembed.distributed.watchdog import Watchdog, exit_now, store_barrier
 from bigembed.errors import ConfigError, PeerError
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from bigembed.config import ConfigSchema
-from bigembed.dist.context import DistContext
-from bigembed.dist.layout import RankLayout
+from bigembed.distributed.context import DistContext
+from bigembed.distributed.layout import RankLayout
 from bigembed.errors import BigembedError, PeerError
 from bigembed.train.loop import TrainResult
 
@@ -45,7 +45,7 @@ def _run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
 
 def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) -> int:
     """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed."""
-    from bigembed.dist.trainer import DistributedTrainer
+    from bigembed.distributed.trainer import DistributedTrainer
 
     RankLayout.of(cfg).check_trainer_rank(rank)
     parts = max((e.num_partitions for e in cfg.entities.values()), default=1)
@@ -88,7 +88,7 @@ def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) ->
 
 def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
     """Run partition server ``index`` (world rank ``num_machines + index``) until told to stop."""
-    from bigembed.dist.partition_server import PartitionServer
+    from bigembed.distributed.partition_server import PartitionServer
 
     layout = RankLayout.of(cfg)
     rank = layout.partition_server_rank(index)

@@ -23,7 +23,7 @@ from typing import IO
 
 from bigembed.config import ConfigSchema, load_config
 from bigembed.config_loading import apply_overrides, normalize_keys, read_config_file
-from bigembed.dist.store import free_port
+from bigembed.distributed.store import free_port
 from bigembed.errors import ConfigError
 
 GRACE_S = 5.0

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-from bigembed.graph.inputs import InputFile
+from bigembed.edgelists.inputs import InputFile
 
 
 def _raw_lines(source: InputFile) -> Iterator[bytes]:

@@ -35,7 +35,15 @@ from pathlib import Path
 
 from bigembed.atomic import DIR_MODE, fsync_dir, fsync_file, fsync_tree
 from bigembed.errors import OutputExistsError
-from bigembed.graph.format import (
+from bigembed.output_paths import (
+    OutputError,
+    StagingClaim,
+    check_replaceable,
+    claim_staging,
+    remove_dead_staging,
+    store_format,
+)
+from bigembed.storage.format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
     ENTITY_FORMAT,
@@ -44,14 +52,6 @@ from bigembed.graph.format import (
     PUBLISHING_KEY,
     entity_count_file,
     entity_names_file,
-)
-from bigembed.output_paths import (
-    OutputError,
-    StagingClaim,
-    check_replaceable,
-    claim_staging,
-    remove_dead_staging,
-    store_format,
 )
 
 # Files that make a directory look like an entity store (PBG's JSON names included).

@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from bigembed.dist.auth import Session
-from bigembed.dist.layout import PartitionKey, RankLayout
-from bigembed.dist.rpc import Message, RpcClient, RpcServer
-from bigembed.dist.store import StoreAddress, store_set
+from bigembed.distributed.auth import Session
+from bigembed.distributed.layout import PartitionKey, RankLayout
+from bigembed.distributed.rpc import Message, RpcClient, RpcServer
+from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError
 from bigembed.train.step import Table
 

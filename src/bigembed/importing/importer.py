@@ -20,21 +20,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from bigembed.edgelists.inputs import (
+    BadColumnCount,
+    ColumnSpec,
+    InputFile,
+    TextOptions,
+    detect_format,
+)
+from bigembed.edgelists.locate import first_wrong_width, header_suspicion, lines_of_rows, location
+from bigembed.edgelists.validate import WRONG_WIDTH
 from bigembed.errors import BigembedError, ConfigError, InputError
-from bigembed.graph.bucketing import BucketWriter, RunProcessor, SideMap
-from bigembed.graph.collect import BadRow, Collector, FileStats, SideTypes
-from bigembed.graph.dictionary import NUM_SHARDS, ShardedDictionary
-from bigembed.graph.edges import write_edge_manifest
-from bigembed.graph.entities import write_entity_store
-from bigembed.graph.format import index_dtype
-from bigembed.graph.inputs import BadColumnCount, ColumnSpec, InputFile, TextOptions, detect_format
-from bigembed.graph.locate import first_wrong_width, header_suspicion, lines_of_rows, location
-from bigembed.graph.partitioning import Assignment, assign_partitions
-from bigembed.graph.publish import Publisher, planned_entity_files
-from bigembed.graph.relations import RelationMapper
-from bigembed.graph.runs import RunFiles
-from bigembed.graph.validate import WRONG_WIDTH
+from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
+from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
+from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
+from bigembed.importing.partitioning import Assignment, assign_partitions
+from bigembed.importing.publish import Publisher, planned_entity_files
+from bigembed.importing.relations import RelationMapper
+from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
+from bigembed.storage.edges import write_edge_manifest
+from bigembed.storage.entities import write_entity_store
+from bigembed.storage.format import index_dtype
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.dist.param_server import (
+from bigembed.distributed.param_server import (
     OP_BYE,
     OP_PUSH_PULL,
     TAG_DELTA,

@@ -8,7 +8,7 @@ polling delay; every wait has a timeout; nothing here uses gloo, whose timeouts 
 connection (gloo is kept for the bulk data that both sides are known to be ready for).
 
 Messages are JSON, never pickles (the store is reachable by anybody who can reach its port).
-With a shared secret (:mod:`bigembed.dist.auth`) every request and reply is sealed with the
+With a shared secret (:mod:`bigembed.distributed.auth`) every request and reply is sealed with the
 run's session key and bound to its store key: the server drops (and logs) a request without a
 valid MAC without answering it, and a client stops the run on a forged reply. A request number
 taken but never written (a crashed client, or a stranger) is skipped after ``GAP_S`` seconds so
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from bigembed.dist.auth import BadMac, Session, seal, unseal
-from bigembed.dist.store import is_timeout, store_set
+from bigembed.distributed.auth import BadMac, Session, seal, unseal
+from bigembed.distributed.store import is_timeout, store_set
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)

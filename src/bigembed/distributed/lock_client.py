@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
-from bigembed.dist.auth import Session
-from bigembed.dist.lock_server import CHANNEL, Bucket, PartitionKey
-from bigembed.dist.rpc import RpcClient
+from bigembed.distributed.auth import Session
+from bigembed.distributed.lock_server import CHANNEL, Bucket, PartitionKey
+from bigembed.distributed.rpc import RpcClient
 from bigembed.train.loop import Iteration
 from bigembed.train.partitions import PartitionStore
 

@@ -23,12 +23,8 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from bigembed.errors import InputError
-from bigembed.graph.dictionary import Prepared, ShardedDictionary
-from bigembed.graph.inputs import Batch, InputFile
-from bigembed.graph.relations import RelationMapper
-from bigembed.graph.runs import RunFiles
-from bigembed.graph.validate import (
+from bigembed.edgelists.inputs import Batch, InputFile
+from bigembed.edgelists.validate import (
     EMPTY_NAME,
     Problem,
     check_names,
@@ -36,6 +32,10 @@ from bigembed.graph.validate import (
     combine,
     first_problem,
 )
+from bigembed.errors import InputError
+from bigembed.importing.dictionary import Prepared, ShardedDictionary
+from bigembed.importing.relations import RelationMapper
+from bigembed.importing.runs import RunFiles
 
 logger = logging.getLogger(__name__)
 MAX_RUNS = 1024
