@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from bigembed.checkpoints.store import CheckpointStore  # noqa: E402
 from bigembed.config import config_to_dict  # noqa: E402
+from bigembed.train.records import read_training_log  # noqa: E402
 from synthetic import graph_config, write_graph  # noqa: E402
 
 RUNS = [
@@ -61,19 +62,19 @@ def run_one(
     started = time.perf_counter()
     subprocess.run(argv, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
-    steps = [r for r in CheckpointStore(ckpt).read_stats() if r["type"] == "step"]
-    warm = [s for s in steps if s["epoch_idx"] > 0] or steps  # the first epoch starts workers
-    edges = sum(s["stats"]["count"] for s in warm)
-    seconds = sum(s["seconds"] for s in warm)
+    steps = read_training_log(CheckpointStore(ckpt)).steps
+    warm = [s for s in steps if s.at.epoch_idx > 0] or steps  # the first epoch starts workers
+    edges = sum(s.stats.count for s in warm)
+    seconds = sum(s.seconds for s in warm)
     return {
         "run": label,
         "wall_s": wall,
         "edges_per_s": edges / seconds,
-        "net_mb_per_epoch": sum(s.get("net_bytes", 0) for s in steps) / epochs / 1e6,
-        "part_mb_per_epoch": sum(s["io_bytes_read"] + s["io_bytes_written"] for s in steps)
+        "net_mb_per_epoch": sum(s.net_bytes or 0 for s in steps) / epochs / 1e6,
+        "part_mb_per_epoch": sum(s.io_bytes_read + s.io_bytes_written for s in steps)
         / epochs
         / 1e6,
-        "loss": steps[-1]["stats"]["loss"],
+        "loss": steps[-1].stats.loss,
     }
 
 

@@ -62,8 +62,9 @@ def ensure_import(work: Path) -> None:
 def untrained_checkpoint(work: Path, cfg) -> Path:
     """A committed checkpoint with random embeddings and the config's model (not trained)."""
     from bigembed.atomic import atomic_write_text
+    from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
     from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
-    from bigembed.config import config_to_dict
+    from bigembed.config import config_to_dict, model_spec
     from bigembed.model.scoring import ScoringModel
     from bigembed.storage.entities import EntityStore
 
@@ -71,7 +72,7 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
     if (path / VERSION_FILE).exists():
         return path
     ents = EntityStore(cfg.entity_path)
-    model = ScoringModel(cfg, ents.num_relations)
+    model = ScoringModel(model_spec(cfg, ents.num_relations))
     gen = torch.Generator().manual_seed(0)
     store = CheckpointStore(path)
     counts = {}
@@ -80,17 +81,17 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
             n = ents.count(t, p)
             emb = torch.randn((n, cfg.entity_dimension(t)), generator=gen) * 0.1
             store.save_partition(t, p, 1, emb, torch.zeros(n))
-            counts[f"{t}_{p}"] = n
+            counts[(t, p)] = n
     store.save_model(1, {"model": model.state_dict(), "optimizer": None})
-    store.save_metadata(
-        1,
-        {
-            "config": config_to_dict(cfg),
-            "iteration": {},
-            "entity_counts": counts,
-            "num_relations": ents.num_relations,
-            "relation_names": ents.relation_names(),
-        },
+    store.write_metadata(
+        CheckpointMetadata(
+            version=1,
+            config=config_to_dict(cfg),
+            iteration=IterationPosition(),
+            entity_counts=counts,
+            num_relations=ents.num_relations,
+            relation_names=ents.relation_names(),
+        )
     )
     atomic_write_text(path / VERSION_FILE, "1\n")
     return path
@@ -98,14 +99,15 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
 
 def in_process(cfg, ckpt: Path, work: Path) -> dict[str, float]:
     """Stage timings of one evaluation, with the same parts `bigembed eval` uses."""
+    from bigembed.buckets.metrics import summarize
+    from bigembed.checkpoints.reading import load_trained
+    from bigembed.checkpoints.tables import EntityTables
     from bigembed.eval.edge_input import EdgeLoader
     from bigembed.eval.filters import KnownEdges
-    from bigembed.eval.metrics import summarize
     from bigembed.eval.ranking import EvalEdges, rank_edges
-    from bigembed.inference import EntityTables, open_checkpoint
 
     t0 = time.perf_counter()
-    trained = open_checkpoint(ckpt)
+    trained = load_trained(ckpt)
     loader = EdgeLoader(trained, entity_path=cfg.entity_path)
     sets = {s: loader.load(work / s).edges for s in SPLITS}
     t1 = time.perf_counter()

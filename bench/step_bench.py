@@ -21,11 +21,11 @@ from unittest import mock
 
 import torch
 
-from bigembed.config import load_config
+from bigembed.buckets.batching import Batch
+from bigembed.buckets.negative_settings import negative_settings
+from bigembed.config import load_config, model_spec
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.batching import Batch
 from bigembed.train.malloc_tuning import keep_freed_memory
-from bigembed.train.settings import negative_settings
 from bigembed.train.step import BatchTrainer, Table
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "fb15k237.yaml"
@@ -34,7 +34,7 @@ ENTITIES, RELATIONS = 14_541, 237
 
 def make_trainer(dtype: str) -> BatchTrainer:
     cfg = load_config(CONFIG, overrides=[f"compute_dtype={dtype}"])
-    model = ScoringModel(cfg, RELATIONS)
+    model = ScoringModel(model_spec(cfg, RELATIONS))
     states = [torch.zeros_like(p) for p in model.parameters()]
     negs = negative_settings(cfg)
     return BatchTrainer(model, states, negs, cfg.lr, cfg.lr, torch.Generator().manual_seed(0))

@@ -12,7 +12,6 @@ torch.mm's fp32 / bf16 peaks measured in the same run, and the filtered test MRR
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -119,12 +118,12 @@ def main() -> int:
         )
         wall = time.perf_counter() - t0
         rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        steps = [
-            json.loads(line) for line in (ckpt / "training_stats.json").read_text().splitlines()
-        ]
-        steps = [s for s in steps if s["type"] == "step"]
-        edges = sum(s["stats"]["count"] for s in steps)
-        train_s = sum(s["seconds"] for s in steps)
+        from bigembed.checkpoints.store import CheckpointStore
+        from bigembed.train.records import read_training_log
+
+        steps = read_training_log(CheckpointStore(ckpt)).steps
+        edges = sum(s.stats.count for s in steps)
+        train_s = sum(s.seconds for s in steps)
         eps = edges / train_s
         gflops = eps * flop_per_edge(cfg) / 1e9
         mrr = hits10 = float("nan")
@@ -175,9 +174,9 @@ def main() -> int:
 
 
 def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
+    from bigembed.buckets.metrics import RankingSums
     from bigembed.checkpoints.reading import load_trained
     from bigembed.eval.filters import KnownEdges
-    from bigembed.eval.metrics import RankingSums
     from bigembed.eval.ranking import EvalEdges, rank_edges
     from bigembed.storage.edges import EdgeStore
 

@@ -17,8 +17,9 @@ import pyarrow as pa
 import torch
 
 from bigembed.atomic import atomic_write_text
+from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
 from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
-from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
+from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
 from bigembed.model.scoring import ScoringModel
 from bigembed.storage.edges import write_edge_manifest
 from bigembed.storage.entities import write_entity_store
@@ -142,7 +143,7 @@ def write_checkpoint(
     Operator parameters start at their identity values; ``params`` overrides state-dict
     entries. Returns the model (with those parameters).
     """
-    model = ScoringModel(cfg, len(relation_names) if cfg.dynamic_relations else 0)
+    model = ScoringModel(model_spec(cfg, len(relation_names)))
     if params:
         state = model.state_dict()
         state.update(params)
@@ -152,15 +153,15 @@ def write_checkpoint(
         t = torch.from_numpy(np.asarray(emb, np.float32))
         store.save_partition(etype, part, version, t, torch.zeros(t.shape[0]))
     store.save_model(version, {"model": model.state_dict(), "optimizer": None})
-    store.save_metadata(
-        version,
-        {
-            "config": config_to_dict(cfg),
-            "iteration": {"num_edge_chunks": 1},
-            "entity_counts": {f"{t}_{p}": len(e) for (t, p), e in embeddings.items()},
-            "num_relations": len(relation_names),
-            "relation_names": list(relation_names),
-        },
+    store.write_metadata(
+        CheckpointMetadata(
+            version=version,
+            config=config_to_dict(cfg),
+            iteration=IterationPosition(num_edge_chunks=1),
+            entity_counts={key: len(e) for key, e in embeddings.items()},
+            num_relations=len(relation_names),
+            relation_names=list(relation_names),
+        )
     )
     atomic_write_text(Path(cfg.checkpoint_path) / VERSION_FILE, f"{version}\n")
     return model

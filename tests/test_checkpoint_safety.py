@@ -299,7 +299,7 @@ def test_out_of_memory_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
 
     import bigembed.train.loop as loop
 
-    def huge(cfg, progress=True):
+    def huge(cfg, progress=True, report=None):
         torch.empty(2**45)  # torch raises RuntimeError("... DefaultCPUAllocator ...")
 
     monkeypatch.setattr(loop, "train", huge)

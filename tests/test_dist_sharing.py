@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.config import config_to_dict
+from bigembed.config import config_to_dict, model_spec
 from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
 from bigembed.distributed.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
 from bigembed.model.scoring import ScoringModel
@@ -181,7 +181,7 @@ def test_relation_parameters_reach_the_checkpoint_only_by_sharing(tmp_path: Path
             break
     assert foreign, f"rank 0 trained every relation 3 times: nothing proven ({dict(who)})"
 
-    initial = ScoringModel(cfg, parts).state_dict()
+    initial = ScoringModel(model_spec(cfg, parts)).state_dict()
     snaps = [{"model": initial, "optimizer": [torch.zeros_like(t) for t in initial.values()]}]
     for epoch in (1, 2):
         snap = CheckpointStore(Path(cfg.checkpoint_path) / f"epoch_{epoch}")

@@ -95,6 +95,17 @@ def test_unknown_names_name_file_and_line_or_are_skipped(model, tmp_path: Path, 
     assert "unknown relation 'unknown_rel'" in report["notes"][0]
 
 
+def test_a_line_of_the_wrong_width_names_file_and_line(model, tmp_path: Path, capsys) -> None:
+    _, _, edges, config = model
+    tsv = tmp_path / "short.tsv"
+    lines = [f"{h}\t{r}\t{t}" for h, r, t in edges[:4]]
+    lines[2] = "n1\tnext"  # line 3 has 2 columns
+    tsv.write_text("\n".join(lines) + "\n")
+    rc = cli_main(["eval", str(config), "--edges", str(tsv), "--no-progress"])
+    assert rc == 2
+    assert f"{tsv}:3: has 2 column(s), the first line has 3" in _err_line(capsys)
+
+
 def test_raw_only_and_sampled_protocol(model, tmp_path: Path) -> None:
     root, cfg, _, _ = model
     raw = evaluate_checkpoint(cfg, [root / "test"], filtered=False)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.buckets.metrics import ranks_from_scores, summarize, summarize_groups
 from bigembed.eval.filters import KnownEdges
-from bigembed.eval.metrics import ranks_from_scores, summarize, summarize_groups
 from bigembed.eval.ranking import SideRanks
 
 

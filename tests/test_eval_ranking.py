@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.checkpoints.reading import load_trained
+from bigembed.checkpoints.tables import EntityTables
 from bigembed.eval.filters import KnownEdges
 from bigembed.eval.ranking import EvalEdges, rank_edges
-from bigembed.inference import EntityTables, open_checkpoint
 from evalkit import USER_ITEM_RELATIONS, make_config, user_item_config, write_checkpoint
 
 
 def _rank(cfg, edges: EvalEdges, known: KnownEdges | None, **kw):
-    trained = open_checkpoint(cfg.checkpoint_path)
+    trained = load_trained(cfg.checkpoint_path)
     return rank_edges(
         trained.model, EntityTables(trained), trained.partition_bases, edges, known, **kw
     )

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import bigembed
+from bigembed.checkpoints.reading import load_trained, open_entity_store
 from bigembed.cli import main as cli_main
 from bigembed.errors import BigembedError, OutputExistsError
-from bigembed.inference import open_checkpoint, open_entity_store
 from bigembed.interop.pbg import BIGEMBED_ONLY_KEYS, from_pbg, to_pbg
 from evalkit import make_config, trained_graph, write_checkpoint, write_graph
 
@@ -62,9 +62,10 @@ def _standard_checkpoint(root: Path):
 
 
 def _assert_same(a_dir: str, b_dir: str) -> None:
-    a, b = open_checkpoint(a_dir), open_checkpoint(b_dir)
+    a, b = load_trained(a_dir), load_trained(b_dir)
     assert a.version == b.version
     assert a.entity_counts == b.entity_counts
+    assert a.metadata.iteration == b.metadata.iteration  # travels as PBG's iteration/* attrs
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     for etype, part in a.entity_counts:
@@ -83,8 +84,10 @@ def test_round_trip_standard_mode(tmp_path: Path) -> None:
     to_pbg(cfg.checkpoint_path, None, tmp_path / "pbg", tmp_path / "pbg_ent")
     from_pbg(tmp_path / "pbg", tmp_path / "pbg_ent", tmp_path / "back", tmp_path / "back_ent")
     _assert_same(cfg.checkpoint_path, str(tmp_path / "back"))
-    back = open_checkpoint(tmp_path / "back")
+    back = load_trained(tmp_path / "back")
     assert back.config.entity_path == str(tmp_path / "back_ent")
+    assert back.metadata.iteration.num_edge_chunks == 1  # what write_checkpoint records
+    assert (back.metadata.converted_from or {}).get("system") == "PyTorch-BigGraph"
     assert back.config.seed == 7  # a bigembed-only key survives via the side file
 
 
@@ -211,7 +214,7 @@ def test_reads_a_checkpoint_written_by_pbg(tmp_path: Path) -> None:
     fx = _write_pbg_fixture(tmp_path)
     summary = from_pbg(tmp_path / "ck", tmp_path / "ent", tmp_path / "out", tmp_path / "out_ent")
     assert summary["version"] == 6 and summary["relations"] == 3
-    trained = open_checkpoint(tmp_path / "out")
+    trained = load_trained(tmp_path / "out")
     assert trained.version == 6 and trained.config.num_epochs == 3
     state = trained.model.state_dict()
     for side in ("lhs", "rhs"):

@@ -11,6 +11,7 @@ from bigembed.model.comparators import make_comparator
 from bigembed.model.losses import logistic_loss, ranking_loss, softmax_loss
 from bigembed.model.negatives import MASKED, batch_negative_scores, shared_negative_scores
 from bigembed.model.operators import OPERATORS, make_operator
+from bigembed.model.spec import ModelSpec, RelationSpec
 
 POS = torch.tensor([0.8181, 0.5700, 0.3506])
 NEG = torch.tensor(
@@ -203,26 +204,20 @@ def test_training_uses_fused_loss_with_same_value(
 ) -> None:
     """need_scores=False (training) and the score-block path agree on loss, gradients and
     violators, in both relation modes (standard mode sends rhs negatives through the operator)."""
-    from bigembed.config import parse_config_dict
     from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 
-    cfg = parse_config_dict(
-        {
-            "entities": {"e": {"num_partitions": 1}},
-            "relations": [{"name": "r", "lhs": "e", "rhs": "e", "operator": operator}],
-            "dynamic_relations": dynamic,
-            "dimension": 8,
-            "entity_path": "x",
-            "edge_paths": ["y"],
-            "checkpoint_path": "z",
-            "comparator": comparator,
-            "loss_fn": "softmax",
-            "regularization_coef": 0.01,
-            "global_emb": False,
-        }
+    spec = ModelSpec(
+        relations=(RelationSpec("e", "e", operator),),
+        entity_dims={"e": 8},
+        comparator=comparator,
+        loss="softmax",
+        regularization_coef=0.01,
+        global_emb=False,
+        dynamic_relations=dynamic,
+        num_dynamic_relations=5,
     )
     torch.manual_seed(0)
-    model = ScoringModel(cfg, 5)
+    model = ScoringModel(spec)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)

@@ -41,30 +41,14 @@ class InMemoryStore(PartitionStore):
         return []
 
 
-class InMemoryTrainer(Trainer):
-    def _make_partition_store(self, counts, dims, committed, init_source, shared, pinned):
-        return InMemoryStore(
-            counts,
-            dims,
-            self.checkpoint,
-            committed=committed,
-            working=committed + 1,
-            init_source=init_source,
-            init_scale=self.cfg.init_scale,
-            seed=self.cfg.seed,
-            shared=shared,
-            pinned=pinned,
-        )
-
-
 def _final(cfg) -> dict[str, torch.Tensor]:
     """Every partition's embeddings and Adagrad state, and the model, of the last version."""
     store = CheckpointStore(cfg.checkpoint_path)
     version = store.committed_version()
     out: dict[str, torch.Tensor] = {}
-    meta = store.load_metadata(version)
+    meta = store.read_metadata(version)
     for p in range(NPARTS):
-        count = meta["entity_counts"][f"node_{p}"]
+        count = meta.entity_counts[("node", p)]
         emb, state = torch.empty(count, cfg.dimension), torch.empty(count)
         store.load_partition("node", p, version, emb, state)
         out[f"emb{p}"], out[f"state{p}"] = emb, state
@@ -89,7 +73,7 @@ def test_swapping_is_bit_identical_to_all_in_memory(tmp_path: Path) -> None:
     ref_cfg = graph_config(tmp_path, checkpoint_path=str(tmp_path / "ref"), **common)
 
     swapping = Trainer(swap_cfg, progress=False).train()
-    reference = InMemoryTrainer(ref_cfg, progress=False).train()
+    reference = Trainer(ref_cfg, progress=False, partitions_type=InMemoryStore).train()
     per_partition = swapping.total_partition_bytes / NPARTS
     assert swapping.peak_partition_bytes <= 2 * per_partition * 1.05, "the run really swapped"
     assert reference.peak_partition_bytes > 3.5 * per_partition, "the reference never swapped"

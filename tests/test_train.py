@@ -106,7 +106,7 @@ def test_every_operator_trains(tmp_path: Path, operator: str, dynamic: bool) -> 
             ],
         )
     result = train(cfg, progress=False)
-    assert np.isfinite(result.last_stats["stats"]["loss"])
+    assert np.isfinite(result.last_step.stats.loss)
 
 
 @pytest.mark.parametrize("comparator", ["dot", "cos", "l2", "squared_l2"])
@@ -123,7 +123,7 @@ def test_every_comparator_and_loss_trains(tmp_path: Path, comparator: str, loss:
         max_norm=1.0 if comparator == "l2" else None,
     )
     result = train(cfg, progress=False)
-    assert np.isfinite(result.last_stats["stats"]["loss"])
+    assert np.isfinite(result.last_step.stats.loss)
 
 
 def test_standard_mode_all_negs_global_emb_disabled_side(tmp_path: Path) -> None:
@@ -147,8 +147,8 @@ def test_standard_mode_all_negs_global_emb_disabled_side(tmp_path: Path) -> None
         ],
     )
     result = train(cfg, progress=False)
-    assert np.isfinite(result.last_stats["stats"]["loss"])
-    assert result.last_stats["stats"]["violators_lhs"] == 0  # lhs negatives disabled
+    assert np.isfinite(result.last_step.stats.loss)
+    assert result.last_step.stats.violators_lhs == 0  # lhs negatives disabled
 
 
 def test_withheld_eval_improves(tmp_path: Path) -> None:
@@ -280,4 +280,4 @@ def test_bfloat16_compute_mode_trains(tmp_path: Path) -> None:
 def test_pbg_uniform_negative_groups(tmp_path: Path) -> None:
     write_graph(tmp_path, num_edges=1500)
     cfg = graph_config(tmp_path, num_epochs=1, uniform_negs_group=20)
-    assert np.isfinite(train(cfg, progress=False).last_stats["stats"]["loss"])
+    assert np.isfinite(train(cfg, progress=False).last_step.stats.loss)

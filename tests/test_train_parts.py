@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from bigembed.train.batching import make_batches
+from bigembed.buckets.batching import make_batches
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.evaluation import split_eval
 from bigembed.train.loop import iterations
 from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
+from bigembed.train.records import (
+    BucketRecord,
+    StepLog,
+    StepRecord,
+    merge_step_logs,
+    read_training_log,
+)
 
 SHAPES = [(4, 4), (3, 5), (6, 1), (1, 6), (1, 1)]
 
@@ -125,3 +135,92 @@ def test_iteration_order_and_resume() -> None:
     ]
     resumed = list(iterations(2, 3, 2, start=7))
     assert resumed == its[7:]
+
+
+# ---------------------------------------------------------------------- stats records
+def _bucket_json(**extra) -> dict:
+    return {
+        "type": "bucket",
+        "version": 3,
+        "epoch_idx": 1,
+        "edge_path_idx": 0,
+        "edge_chunk_idx": 1,
+        "lhs_partition": 2,
+        "rhs_partition": 0,
+        "index": 4,
+        "stats": {"count": 10, "loss": 0.5, "reg": 0.0, "violators_lhs": 0.1, "violators_rhs": 0.2},
+        "seconds": 2.0,
+        "edges_per_sec": 5.0,
+        **extra,
+    }
+
+
+def _step_json(count: int, loss: float, seconds: float, **extra) -> dict:
+    stats = {"count": count, "loss": loss, "reg": 0.0, "violators_lhs": 0.0, "violators_rhs": 0.0}
+    return {
+        "type": "step",
+        "version": 3,
+        "epoch_idx": 1,
+        "edge_path_idx": 0,
+        "edge_chunk_idx": 1,
+        "stats": stats,
+        "seconds": seconds,
+        "edges_per_sec": count / seconds,
+        "io_bytes_read": 100,
+        "io_bytes_written": 50,
+        **extra,
+    }
+
+
+EVAL = {"count": 4, "mr": 2.0, "mrr": 0.5, "hits@1": 0.25, "hits@10": 1.0, "auc": 0.9}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _bucket_json(),
+        _bucket_json(eval_stats_before=EVAL, eval_stats_after=EVAL, trainer=1),
+        _step_json(10, 0.5, 2.0),
+        _step_json(10, 0.5, 2.0, net_bytes=7, lock_waits=1, trainers=2, eval_stats_after=EVAL),
+    ],
+)
+def test_stats_record_json_form_is_the_file_form(data: dict) -> None:
+    """Every key of training_stats.json survives from_json -> to_json, and nothing is added."""
+    kind = BucketRecord if data["type"] == "bucket" else StepRecord
+    assert kind.from_json(data).to_json() == data
+
+
+def test_merge_step_logs_adds_counts_and_weights_means() -> None:
+    bucket = BucketRecord.from_json(_bucket_json())
+    a = StepLog([bucket], StepRecord.from_json(_step_json(30, 1.0, 2.0, net_bytes=5, lock_waits=1)))
+    b = StepLog(
+        [bucket, bucket],
+        StepRecord.from_json(
+            _step_json(10, 3.0, 4.0, net_bytes=7, lock_waits=0, eval_stats_after=EVAL)
+        ),
+    )
+    merged = merge_step_logs([a, b])
+    step = merged.step.to_json()
+    assert step["stats"]["count"] == 40 and step["stats"]["loss"] == pytest.approx(1.5)
+    assert step["seconds"] == 4.0 and step["edges_per_sec"] == 10.0
+    assert (step["io_bytes_read"], step["net_bytes"], step["lock_waits"]) == (200, 12, 1)
+    assert step["trainers"] == 2
+    assert step["eval_stats_after"] == {**EVAL, "count": 4}
+    assert "eval_stats_before" not in step
+    assert [r.trainer for r in merged.buckets] == [0, 1, 1]
+    assert a.buckets[0].trainer is None, "the trainers' own logs are left as they were"
+
+
+def test_training_log_reads_what_a_commit_wrote(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    step = StepRecord.from_json(_step_json(10, 0.5, 2.0))
+    log = StepLog([BucketRecord.from_json(_bucket_json())], step)
+    store.append_stats([*log.to_json(), {"type": "unknown", "version": 3}], committed=0)
+    text = (tmp_path / "training_stats.json").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[:2] == log.to_json()
+    read = read_training_log(store)
+    assert read.steps == [log.step] and read.buckets == log.buckets
+    assert read.buckets_of(3) == log.buckets and read.buckets_of(2) == []
+    assert read_training_log(store, max_version=2).steps == []

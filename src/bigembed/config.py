@@ -41,15 +41,16 @@ from bigembed.config_loading import (
 from bigembed.config_types import (
     Bool,
     BucketOrder,
-    Comparator,
-    Dtype,
+    ComparatorName,
+    ComputeDtypeName,
     Float,
     Int,
-    Loss,
-    Operator,
+    LossName,
+    OperatorName,
     Regularizer,
 )
 from bigembed.errors import ConfigError
+from bigembed.model.spec import ModelSpec, RelationSpec
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ __all__ = [
     "config_warnings",
     "format_config_keys",
     "load_config",
+    "model_spec",
     "parse_config_dict",
     "pbg_status",
 ]
@@ -164,10 +166,10 @@ class RelationSchema(BaseModel):
     lhs: str = Field(min_length=1, description="Entity type of the left-hand side.")
     rhs: str = Field(min_length=1, description="Entity type of the right-hand side.")
     weight: Float = Field(default=1.0, gt=0, description="Multiplier of this relation's loss.")
-    operator: Operator = Field(
+    operator: OperatorName = Field(
         default="none",
-        description="Transformation applied to the right-hand side embedding before comparing: "
-        "none, translation, diagonal, linear, affine or complex_diagonal.",
+        description="Transformation applied to the right-hand side embedding before comparing "
+        "(dynamic_relations: to either side).",
     )
     all_negs: Bool = Field(
         default=False,
@@ -204,17 +206,18 @@ class ConfigSchema(BaseModel):
         description="Add a learned per-entity-type vector to every embedding "
         "(must be false with dynamic_relations).",
     )
-    comparator: Comparator = Field(
+    comparator: ComparatorName = Field(
         default="cos",
-        description="How lhs and transformed rhs are scored: dot, cos, l2 or squared_l2.",
+        description="How lhs and transformed rhs are scored.",
     )
     bias: Bool = Field(
         default=False,
         description="Use the first embedding coordinate as an additive bias instead of "
         "comparing it.",
     )
-    loss_fn: Loss = Field(
-        default="ranking", description="Loss: ranking (margin), logistic or softmax."
+    loss_fn: LossName = Field(
+        default="ranking",
+        description="Loss over each positive and its negatives (ranking uses margin).",
     )
     margin: Float = Field(default=0.1, description="Margin of the ranking loss.")
     regularization_coef: Float = Field(
@@ -374,7 +377,7 @@ class ConfigSchema(BaseModel):
         ge=0,
         description="bigembed only: seed of partition assignment, bucket orders and shuffles.",
     )
-    compute_dtype: Dtype = Field(
+    compute_dtype: ComputeDtypeName = Field(
         default="float32",
         description="bigembed only: float32, or bfloat16 compute (master weights and Adagrad "
         "state stay float32).",
@@ -572,6 +575,36 @@ def config_warnings(cfg: ConfigSchema) -> list[str]:
             "bounded to [-1, 1]); consider comparator: dot"
         )
     return out
+
+
+# --------------------------------------------------------------------------- the model's part
+
+
+def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
+    """What the scoring model is built from, taken from ``cfg``.
+
+    ``num_dynamic_relations``: the number of relation types found in the data when
+    ``dynamic_relations`` (ignored otherwise: the relations are the config's).
+    """
+    return ModelSpec(
+        relations=tuple(
+            RelationSpec(
+                lhs=r.lhs, rhs=r.rhs, operator=r.operator, weight=r.weight, all_negs=r.all_negs
+            )
+            for r in cfg.relations
+        ),
+        entity_dims={etype: cfg.entity_dimension(etype) for etype in cfg.entities},
+        comparator=cfg.comparator,
+        bias=cfg.bias,
+        loss=cfg.loss_fn,
+        margin=cfg.margin,
+        global_emb=cfg.global_emb,
+        dynamic_relations=cfg.dynamic_relations,
+        num_dynamic_relations=num_dynamic_relations if cfg.dynamic_relations else 0,
+        max_norm=cfg.max_norm,
+        regularization_coef=cfg.regularization_coef,
+        compute_dtype=cfg.compute_dtype,
+    )
 
 
 # --------------------------------------------------------------------------- parsing / loading

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
+from bigembed.config_types import OneOf
 from bigembed.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -466,7 +467,7 @@ def _describe(err: Any, model: type[BaseModel]) -> list[str]:
         text = msg[:1].lower() + msg[1:]
     if kind not in _NO_GOT and "input" in err:
         text += f", got {_show(err['input'])}"
-    if kind == "literal_error" and isinstance(err.get("input"), str):
+    if kind in ("literal_error", "choice") and isinstance(err.get("input"), str):
         options = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
         text += _suggest(err["input"].lower(), options)
     path = _loc_path(loc)
@@ -503,6 +504,14 @@ def _type_name(annotation: Any) -> str:
     return f"{name} | null" if nullable else name
 
 
+def _field_type_name(annotation: Any, metadata: Sequence[Any]) -> str:
+    """The type column: the allowed names of a :class:`OneOf` field, else the annotation."""
+    for item in metadata:
+        if isinstance(item, OneOf):
+            return "|".join(item.names)
+    return _type_name(annotation)
+
+
 def _constraints(metadata: Sequence[Any]) -> str:
     parts = []
     for item in metadata:
@@ -530,7 +539,7 @@ def describe_keys(
     return [
         (
             prefix + name,
-            _type_name(field.annotation) + _constraints(field.metadata),
+            _field_type_name(field.annotation, field.metadata) + _constraints(field.metadata),
             _default_text(field.default),
             field.description or "",
         )

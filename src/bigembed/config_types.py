@@ -3,14 +3,20 @@
 PBG's rules: ints must be ints, floats accept ints, bools accept true/false/yes/no/on/off/1/0
 strings (any case), enums are matched case-insensitively. YAML 1.1 reads ``1e-3`` as a
 *string* (it wants a dot: ``1.0e-3``), so numbers written that way are accepted too.
+
+The names of operators, comparators, losses and compute dtypes are not listed here: they are
+the model's registries (:mod:`bigembed.model.names`), checked by :class:`OneOf`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator
-from pydantic_core import PydanticCustomError
+from pydantic import BeforeValidator, GetCoreSchemaHandler
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from bigembed.model.names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
 
 _TRUE = frozenset({"true", "yes", "on", "1", "y", "t"})
 _FALSE = frozenset({"false", "no", "off", "0", "n", "f"})
@@ -86,15 +92,39 @@ Bool = Annotated[bool, BeforeValidator(_to_bool)]
 Int = Annotated[int, BeforeValidator(_to_int)]
 Float = Annotated[float, BeforeValidator(_to_float)]
 
-OperatorName = Literal["none", "translation", "diagonal", "linear", "affine", "complex_diagonal"]
-ComparatorName = Literal["dot", "cos", "l2", "squared_l2"]
-LossName = Literal["ranking", "logistic", "softmax"]
-BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in"]
-ComputeDtype = Literal["float32", "bfloat16"]
 
-Operator = Annotated[OperatorName, BeforeValidator(_lower)]
-Comparator = Annotated[ComparatorName, BeforeValidator(_lower)]
-Loss = Annotated[LossName, BeforeValidator(_lower)]
+@dataclass(frozen=True)
+class OneOf:
+    """``Annotated`` metadata of a ``str`` field: one of ``names``, matched case-insensitively.
+
+    The error reads like pydantic's for a ``Literal`` (``input should be 'a', 'b' or 'c'``, for
+    any input, None and numbers included) and carries the names for "did you mean" suggestions;
+    ``bigembed config keys`` shows them as the field's type (``a|b|c``).
+    """
+
+    names: tuple[str, ...]
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(self._check, handler(source))
+
+    def _check(self, value: Any) -> Any:
+        name = _lower(value)
+        if isinstance(name, str) and name in self.names:
+            return name
+        quoted = [repr(n) for n in self.names]
+        expected = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[:-1] else quoted)
+        raise PydanticCustomError("choice", "Input should be {expected}", {"expected": expected})
+
+
+BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in"]
+
+#: Config value types named after what they hold (``OperatorName``: a name of an operator of
+#: :mod:`bigembed.model.operators`), matched case-insensitively.
+OperatorName = Annotated[str, OneOf(OPERATOR_NAMES)]
+ComparatorName = Annotated[str, OneOf(COMPARATOR_NAMES)]
+LossName = Annotated[str, OneOf(LOSS_NAMES)]
+ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPES)]
 BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 Regularizer = Annotated[Literal["N3"], BeforeValidator(_n3)]
-Dtype = Annotated[ComputeDtype, BeforeValidator(_lower)]

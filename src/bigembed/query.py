@@ -34,18 +34,13 @@ import torch
 from torch import Tensor
 
 from bigembed.checkpoints.reading import TrainedModel
+from bigembed.checkpoints.tables import EntityTables
 from bigembed.errors import InputError
 from bigembed.eval.directions import direction, pair_scores
 from bigembed.eval.filters import KnownEdges
-from bigembed.inference import (
-    DEFAULT_CACHE_BYTES,
-    EntityTables,
-    open_checkpoint,
-    open_entity_store,
-    relation_names,
-)
+from bigembed.inference import DEFAULT_CACHE_BYTES, open_for_inference
 from bigembed.nearest import RunningTopK, faiss_available, faiss_topk
-from bigembed.storage.entities import EntityStore
+from bigembed.storage import EntityStore
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +96,8 @@ def load(
     >>> model.entity_types
     ['all']
     """
-    trained = open_checkpoint(checkpoint_dir)
-    store = open_entity_store(trained, entity_path)
-    return EmbeddingModel(trained, store, EntityTables(trained, max_bytes=cache_bytes))
+    opened = open_for_inference(checkpoint_dir, entity_path, cache_bytes=cache_bytes)
+    return EmbeddingModel(opened.trained, opened.entities, opened.tables)
 
 
 class EmbeddingModel:
@@ -114,7 +108,7 @@ class EmbeddingModel:
         self.store = store
         self.tables = tables
         self.model = trained.model
-        self._relations = relation_names(trained)
+        self._relations = trained.relation_names
         self._relation_ids = {name: i for i, name in enumerate(self._relations)}
         self._known: dict[tuple[str, ...], KnownEdges] = {}
 

@@ -1,7 +1,12 @@
 """A trained model read back from a checkpoint directory: config, parameters, embeddings.
 
-Embeddings are memory-mapped from the checkpoint, so opening a model over billions of entities
-costs nothing until rows are used.
+:func:`load_trained` is the one way to open a checkpoint for inference (evaluation, export,
+query, conversion): it reads the last committed version's metadata record, checks it against the
+files it describes, builds the model and turns every way a checkpoint can be broken into one
+:class:`~bigembed.errors.CheckpointError` naming the path. Embeddings are memory-mapped from the
+checkpoint, so opening a model over billions of entities costs nothing until rows are used.
+:func:`open_entity_store` opens the entity names that go with a model and checks that they line
+up with its embedding rows; :mod:`bigembed.checkpoints.tables` caches the embedding tables.
 """
 
 from __future__ import annotations
@@ -14,22 +19,49 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bigembed.checkpoints.store import CheckpointStore, check_same_import, npy_header
-from bigembed.config import ConfigSchema, parse_config_dict
-from bigembed.errors import CheckpointError
+from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, check_same_import
+from bigembed.checkpoints.store import CheckpointStore, npy_header
+from bigembed.config import ConfigSchema, model_spec, parse_config_dict
+from bigembed.errors import BigembedError, CheckpointError, InputError
 from bigembed.model.scoring import ScoringModel
-from bigembed.storage.entities import EntityStore
+from bigembed.storage import EntityStore
 
 
 @dataclass
 class TrainedModel:
+    """One committed version of a checkpoint: its parsed config, the model (in eval mode) and
+    the metadata record; embeddings stay on disk until asked for."""
+
     path: Path
     version: int
     config: ConfigSchema
     model: ScoringModel
-    entity_counts: dict[tuple[str, int], int]
-    relation_names: list[str]
-    import_id: str | None = None  # which import of the entity path it was trained on
+    metadata: CheckpointMetadata
+
+    @property
+    def entity_counts(self) -> PartitionCounts:
+        """Rows per (entity type, partition), as the metadata records them."""
+        return self.metadata.entity_counts
+
+    @property
+    def relation_names(self) -> list[str]:
+        """Name of every relation id the model knows (dynamic: from the data; else the config).
+
+        Relation ids beyond the recorded names (a checkpoint written without them) are named
+        ``relation_{id}``.
+        """
+        if not self.config.dynamic_relations:
+            return [r.name for r in self.config.relations]
+        names = list(self.metadata.relation_names)
+        count = self.model.num_relations
+        if len(names) != count:
+            names = names[:count] + [f"relation_{i}" for i in range(len(names), count)]
+        return names
+
+    @property
+    def import_id(self) -> str | None:
+        """Which import of the entity path it was trained on (None: unknown)."""
+        return self.metadata.import_id
 
     def check_import(self, entities: EntityStore) -> None:
         """Refuse an entity store from another import than the one this model was trained on."""
@@ -43,13 +75,32 @@ class TrainedModel:
         return self.config.entities[entity_type].num_partitions
 
     def embeddings(self, entity_type: str, part: int) -> torch.Tensor:
-        """Stored embeddings of one partition (memory-mapped; without the global embedding)."""
+        """Stored embeddings of one partition (memory-mapped; without the global embedding).
+
+        The map is copy-on-write: nothing is read until used, and writes never reach the file.
+        """
+        return torch.from_numpy(self.mapped_embeddings(entity_type, part, writable=True))
+
+    def mapped_embeddings(
+        self, entity_type: str, part: int, *, writable: bool = False
+    ) -> np.ndarray:
+        """One partition's stored embeddings as a memory map (read-only unless ``writable``,
+        which maps copy-on-write), checked against the metadata's (count, dimension)."""
         path = self.store.embeddings_path(entity_type, part, self.version)
-        if not path.exists():
-            raise CheckpointError(f"{path}: missing (incomplete checkpoint?)")
-        # copy-on-write map: nothing is read until used, and writes never reach the file
-        array = np.load(path, mmap_mode="c", allow_pickle=False)
-        return torch.from_numpy(array)
+        try:
+            array = np.load(path, mmap_mode="c" if writable else "r", allow_pickle=False)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
+        count = self.entity_counts.get((entity_type, part))
+        dim = self.config.entity_dimension(entity_type)
+        if array.ndim != 2 or array.shape[1] != dim or (count is not None and len(array) != count):
+            raise CheckpointError(
+                f"{path}: shape {tuple(array.shape)} does not match the checkpoint's "
+                f"({count}, {dim})"
+            )
+        return array
 
     @cached_property
     def partition_bases(self) -> dict[str, np.ndarray]:
@@ -70,26 +121,25 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
     partition's ``.npy`` header must give ``(entity count, dimension)``, and every model
     parameter's shape (computed on the meta device, which allocates nothing) must match the
     model file's. A metadata file claiming a huge dimension or count is refused with one line
-    naming it instead of trying to allocate terabytes.
+    naming it instead of trying to allocate terabytes. Any other failure to read is a
+    CheckpointError naming ``path``.
     """
-    store = CheckpointStore(path)
-    version = store.require_committed()
-    meta = store.load_metadata(version)
-    meta_path = store.metadata_path(version)
-    if not isinstance(meta.get("config"), dict):
-        raise CheckpointError(f"{meta_path}: corrupt metadata (no 'config' object)")
-    config = parse_config_dict(meta["config"], source=str(meta_path))
     try:
-        num_rel = int(meta.get("num_relations", len(config.relations)))
-        counts = {}
-        for key, count in dict(meta.get("entity_counts", {})).items():
-            etype, _, part_text = str(key).rpartition("_")
-            counts[(etype, int(part_text))] = int(count)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{meta_path}: corrupt metadata ({exc})") from None
-    if num_rel < 0 or any(c < 0 for c in counts.values()):
-        raise CheckpointError(f"{meta_path}: corrupt metadata (negative count)")
-    for (etype, part), count in counts.items():
+        return _load_trained(CheckpointStore(path))
+    except BigembedError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _load_trained(store: CheckpointStore) -> TrainedModel:
+    version = store.open_for_reading()
+    meta = store.read_metadata(version)
+    meta_path = store.metadata_path(version)
+    config = parse_config_dict(meta.config, source=str(meta_path))
+    for (etype, part), count in meta.entity_counts.items():
         if etype in config.entities:
             epath = store.embeddings_path(etype, part, version)
             shape, _dtype = npy_header(epath)
@@ -100,11 +150,11 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
                     f"dimension) but {epath.name} holds {shape}"
                 )
     payload = store.load_model(version, mmap=True)
-    dynamic = num_rel if config.dynamic_relations else 0
+    spec = model_spec(config, meta.num_relations)
     with torch.device("meta"):
-        skeleton = ScoringModel(config, dynamic)
+        skeleton = ScoringModel(spec)
     _check_shapes(skeleton, payload["model"], meta_path, store.model_path(version))
-    model = ScoringModel(config, dynamic)
+    model = ScoringModel(spec)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
@@ -112,16 +162,35 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
             f"{store.model_path(version)}: does not fit its config: {exc}"
         ) from None
     model.eval()
-    recorded = meta.get("import_id")
-    return TrainedModel(
-        store.path,
-        version,
-        config,
-        model,
-        counts,
-        list(meta.get("relation_names", [])),
-        recorded if isinstance(recorded, str) else None,
-    )
+    return TrainedModel(store.path, version, config, model, meta)
+
+
+def open_entity_store(
+    trained: TrainedModel, entity_path: str | os.PathLike[str] | None = None
+) -> EntityStore:
+    """The entity store of ``trained`` (its config's ``entity_path`` unless overridden).
+
+    Checks that it is the import the model was trained on and that every entity type of the
+    model is there with the same partition counts, so that names and embedding rows line up.
+    """
+    path = Path(entity_path) if entity_path is not None else Path(trained.config.entity_path)
+    store = EntityStore(path)
+    trained.check_import(store)
+    for etype in trained.config.entities:
+        if etype not in store.entity_types:
+            raise InputError(
+                f"{path}: has no entity type {etype!r}, which the checkpoint {trained.path} uses "
+                f"(pass the entity path the model was trained with)"
+            )
+        for part in range(trained.num_partitions(etype)):
+            want = trained.entity_counts.get((etype, part))
+            have = store.count(etype, part) if part < store.num_partitions(etype) else None
+            if want is not None and have != want:
+                raise InputError(
+                    f"{path}: entity type {etype!r} partition {part} has {have} names but the "
+                    f"checkpoint {trained.path} has {want} embeddings (was the graph re-imported?)"
+                )
+    return store
 
 
 def _check_shapes(

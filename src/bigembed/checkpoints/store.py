@@ -1,4 +1,5 @@
-"""Versioned, atomic checkpoints (DESIGN.md invariant 3).
+"""Versioned, atomic checkpoints (DESIGN.md invariant 3): the one reader and writer of a
+checkpoint directory.
 
 Layout of ``checkpoint_path`` (documented in docs/FORMAT.md):
 
@@ -10,15 +11,31 @@ Layout of ``checkpoint_path`` (documented in docs/FORMAT.md):
 ``model.v{N}.pt``
     Relation operator parameters, global embeddings and their Adagrad state (``torch.save``).
 ``metadata.v{N}.json``
-    Format version, config, iteration position, entity counts, timestamp.
+    A :class:`~bigembed.checkpoints.metadata.CheckpointMetadata` record (format version,
+    config, iteration position, entity counts, relations, import id, timestamp).
 ``training_stats.json``
     JSON lines, one per trained bucket and per completed step, each tagged with its version.
 ``epoch_{E}/``
     Snapshots kept by ``checkpoint_preservation_interval`` (hard links to that version's files).
 
-During step N+1, partitions swapped out are written as ``v{N+1}`` ("dirty"). A run killed before
-the version file moves to N+1 restarts from N and first deletes every file newer than N, so it
-never reads half a step.
+Protocol of a writer (training, conversion), with N the committed version:
+
+1. :meth:`CheckpointStore.open_for_training` creates the directory if needed, *discards* what
+   an interrupted step left (:meth:`~CheckpointStore.discard_uncommitted`: temporaries and the
+   files of versions newer than N, only when provably bigembed's) and returns N.
+2. The step writes version N+1 ("dirty"): :meth:`~CheckpointStore.save_partition` for partitions
+   swapped out or resident, :meth:`~CheckpointStore.link_partition` for untouched ones,
+   :meth:`~CheckpointStore.save_model`, :meth:`~CheckpointStore.write_metadata`, then
+   :meth:`~CheckpointStore.append_stats`. Each file is written atomically, but nothing of N+1
+   counts yet.
+3. :meth:`CheckpointStore.commit` replaces the version file with N+1 (the commit point), then
+   deletes the files of N; :meth:`~CheckpointStore.preserve` may then snapshot N+1.
+
+A run killed before step 3 restarts from N and step 1 deletes every file newer than N, so it
+never reads half a step. A reader calls :meth:`CheckpointStore.open_for_reading` (the committed
+version, or a CheckpointError saying what is wrong), then :meth:`~CheckpointStore.read_metadata`
+and the model and partition files of that version; :mod:`bigembed.checkpoints.reading` does
+that for inference.
 """
 
 from __future__ import annotations
@@ -39,9 +56,17 @@ import numpy as np
 import torch
 
 from bigembed.atomic import atomic_file, atomic_write_bytes, atomic_write_text, fsync_dir
+from bigembed.checkpoints.metadata import CheckpointMetadata, partition_key_text
 from bigembed.errors import CheckpointError
 
-FORMAT_VERSION = 1
+__all__ = [
+    "CONFIG_FILE",
+    "FRESH_MARKER",
+    "STATS_FILE",
+    "VERSION_FILE",
+    "CheckpointStore",
+    "npy_header",
+]
 VERSION_FILE = "checkpoint_version.txt"
 STATS_FILE = "training_stats.json"
 CONFIG_FILE = "config.json"
@@ -56,10 +81,6 @@ _TMP_SNAPSHOT = re.compile(r"^\.epoch_\d+\.tmp$")
 _OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER}
 
 logger = logging.getLogger(__name__)
-
-
-def partition_stem(entity_type: str, part: int) -> str:
-    return f"{entity_type}_{part}"
 
 
 def _is_own_name(name: str) -> bool:
@@ -104,25 +125,6 @@ def _write_error(path: Path, exc: OSError) -> CheckpointError:
     return CheckpointError(f"{path}: cannot write: {why}")
 
 
-def check_same_import(
-    checkpoint: str | os.PathLike[str],
-    recorded: object,
-    current: str | None,
-    entity_path: str | os.PathLike[str],
-) -> None:
-    """Refuse a checkpoint trained on another import of ``entity_path`` (other entity ids).
-
-    ``recorded`` is the checkpoint metadata's ``import_id``; None on either side (a checkpoint
-    or an entity store from before import ids) cannot be checked and passes.
-    """
-    if recorded is None or current is None or recorded == current:
-        return
-    raise CheckpointError(
-        f"{checkpoint} was trained on a different import of {entity_path} (import ids differ); "
-        "retrain or re-import the original data"
-    )
-
-
 class CheckpointStore:
     """Reads and writes one checkpoint directory."""
 
@@ -135,7 +137,7 @@ class CheckpointStore:
         """The committed version; 0 when the version file is missing, empty or "0".
 
         Whether such a 0 is safe (no trained files next to it) is :meth:`discard_uncommitted`'s
-        and :meth:`require_committed`'s business. Unreadable content is a CheckpointError.
+        and :meth:`open_for_reading`'s business. Unreadable content is a CheckpointError.
         """
         vfile = self.path / VERSION_FILE
         try:
@@ -196,8 +198,11 @@ class CheckpointStore:
             f"refusing to delete them: {self._recovery_hint()}"
         )
 
-    def require_committed(self) -> int:
-        """The committed version (> 0) for a reader, or a CheckpointError saying what is wrong."""
+    def open_for_reading(self) -> int:
+        """The committed version (> 0) for a reader, or a CheckpointError saying what is wrong.
+
+        Nothing is written or deleted.
+        """
         if not self.path.is_dir():
             raise CheckpointError(f"{self.path}: no such checkpoint directory")
         version = self.committed_version()
@@ -208,6 +213,18 @@ class CheckpointStore:
             state = "missing" if not vfile.exists() else "holds no committed version"
             raise CheckpointError(f"{vfile}: {state}; {self._recovery_hint()}")
         raise CheckpointError(f"{self.path}: no complete checkpoint ({VERSION_FILE} missing)")
+
+    def open_for_training(self) -> int:
+        """Create the directory if needed, discard an interrupted step's files, return the
+        committed version (0: nothing committed yet). Step 1 of the writer's protocol."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(self.path, exc) from None
+        removed = self.discard_uncommitted()
+        if removed:
+            logger.info("removed %d files of an interrupted step in %s", removed, self.path)
+        return self.committed_version()
 
     def files_of(self, version: int) -> list[Path]:
         if not self.path.is_dir():
@@ -297,10 +314,10 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ partitions
     def embeddings_path(self, etype: str, part: int, version: int) -> Path:
-        return self.path / f"embeddings_{partition_stem(etype, part)}.v{version}.npy"
+        return self.path / f"embeddings_{partition_key_text(etype, part)}.v{version}.npy"
 
     def optimizer_path(self, etype: str, part: int, version: int) -> Path:
-        return self.path / f"optimizer_{partition_stem(etype, part)}.v{version}.npy"
+        return self.path / f"optimizer_{partition_key_text(etype, part)}.v{version}.npy"
 
     def has_partition(self, etype: str, part: int, version: int) -> bool:
         return self.embeddings_path(etype, part, version).exists()
@@ -429,20 +446,16 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: not a bigembed model file (no 'model' entry)")
         return payload
 
-    def save_metadata(self, version: int, metadata: dict[str, Any]) -> None:
-        data = {
-            "format_version": FORMAT_VERSION,
-            "version": version,
-            "time": time.time(),
-            **metadata,
-        }
-        path = self.metadata_path(version)
+    def write_metadata(self, metadata: CheckpointMetadata) -> None:
+        """Write ``metadata.v{metadata.version}.json`` (atomically; not committed yet)."""
+        path = self.metadata_path(metadata.version)
         try:
-            atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+            atomic_write_text(path, json.dumps(metadata.to_json(), indent=1, sort_keys=True))
         except OSError as exc:
             raise _write_error(path, exc) from None
 
-    def load_metadata(self, version: int | None = None) -> dict[str, Any]:
+    def read_metadata(self, version: int | None = None) -> CheckpointMetadata:
+        """The validated metadata record of ``version`` (default: the committed one)."""
         version = self.committed_version() if version is None else version
         path = self.metadata_path(version)
         try:
@@ -455,14 +468,7 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: corrupt metadata ({exc})") from None
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{path}: corrupt metadata (not a JSON object)")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"{path}: checkpoint format {data.get('format_version')} is not supported "
-                f"(this bigembed reads format {FORMAT_VERSION})"
-            )
-        return data
+        return CheckpointMetadata.from_json(data, path, version)
 
     # ------------------------------------------------------------------ stats
     def read_stats(self, max_version: int | None = None) -> list[dict[str, Any]]:

@@ -12,6 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from bigembed.datasets import fb15k237_demo_config, fb15k237_files
 
 
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         f"   dimension {cfg.dimension}, {cfg.num_epochs} epochs, {cfg.num_uniform_negs} uniform "
         f"negatives, {cfg.resolved_workers()} Hogwild workers; checkpoint {cfg.checkpoint_path}"
     )
-    result = train(cfg, progress=progress)
+    result = train(cfg, progress=progress, report=lambda line: tqdm.write(f"   {line}"))
     if result.steps_run:
         print(
             f"   trained {result.steps_run} epoch(s) in {result.seconds:.1f}s "
@@ -100,13 +102,14 @@ def _plot_curves(cfg, work: Path) -> Path | None:
     """The loss curve of the run as a PNG next to the results (None if there are no stats)."""
     from bigembed.checkpoints.store import CheckpointStore
     from bigembed.train.plotting import plot_training
+    from bigembed.train.records import read_training_log
 
     store = CheckpointStore(cfg.checkpoint_path)
-    records = store.read_stats(max_version=store.committed_version())
-    if not records:
+    log = read_training_log(store, max_version=store.committed_version())
+    if not log.steps and not log.buckets:
         return None
     out = work / "training.png"
-    plot_training(records, out)
+    plot_training(log, out)
     return out
 
 

@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    from bigembed.distributed.local_launch import launch
+    from bigembed.commands.launch_ranks import launch
 
     apply_security_arguments(args)
     return launch(args.config, args.param or [], args.nproc, progress=args.progress)

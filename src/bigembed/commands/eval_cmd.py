@@ -31,7 +31,7 @@ def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def file_options(args: argparse.Namespace):
-    from bigembed.edgelists.inputs import ColumnSpec, TextOptions
+    from bigembed.edgelists import ColumnSpec, TextOptions
     from bigembed.eval.edge_input import FileOptions
 
     return FileOptions(

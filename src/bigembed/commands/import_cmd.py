@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bigembed.commands.columns import add_column_arguments
 from bigembed.config import add_config_arguments, config_from_args
-from bigembed.edgelists.inputs import FORMATS, ColumnSpec, TextOptions
+from bigembed.edgelists import FORMATS, ColumnSpec, TextOptions
 from bigembed.importing.importer import ImportOptions, run_import
 
 DESCRIPTION = """\

@@ -24,12 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bigembed.checkpoints.store import CheckpointStore
     from bigembed.train.plotting import plot_training
+    from bigembed.train.records import read_training_log
 
     store = CheckpointStore(args.checkpoint_dir)
     if not store.path.is_dir():
         raise CheckpointError(f"{store.path}: no such checkpoint directory")
-    records = store.read_stats(max_version=store.committed_version())
-    if not records:
+    log = read_training_log(store, max_version=store.committed_version())
+    if not log.steps and not log.buckets:
         raise CheckpointError(f"{store.path}: no training stats yet (training_stats.json is empty)")
     out = Path(args.output) if args.output else store.path / "training.png"
     # the default lives in the checkpoint directory: refuse only what plot reads, and replace
@@ -37,6 +38,6 @@ def run(args: argparse.Namespace) -> int:
     read = [store.path / "training_stats.json", store.path / "checkpoint_version.txt"]
     check_output_file(out, "png", force=False, inputs=read)
     with writing(out, "plot"):
-        plot_training(records, out)
+        plot_training(log, out)
     print(f"Wrote {out}")
     return 0

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from bigembed.config import add_config_arguments, config_from_args
+from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
+
+if TYPE_CHECKING:
+    from bigembed.train.loop import TrainResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,32 +29,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from bigembed.train.loop import train
 
     cfg = config_from_args(args)
+    progress = not args.no_progress
     if cfg.num_machines > 1:
         from bigembed.distributed.auth import apply_security_arguments
-        from bigembed.distributed.rank_main import (
-            train_distributed,  # distributed mode lands separately
-        )
+        from bigembed.distributed.rank_main import train_distributed
 
         apply_security_arguments(args)
+        result = train_distributed(cfg, rank=args.rank, progress=progress, report=tqdm.write)
+        if args.rank == 0:
+            _print_summary(cfg, result, trainers=cfg.num_machines)
+        return 0
+    _print_summary(cfg, train(cfg, progress=progress, report=tqdm.write), trainers=1)
+    return 0
 
-        return train_distributed(cfg, rank=args.rank, progress=not args.no_progress)
-    result = train(cfg, progress=not args.no_progress)
+
+def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> None:
     if result.steps_run == 0:
         print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
-        return 0
-    stats = result.last_stats.get("stats", {})
+        return
+    last = result.last_step
+    loss = last.stats.loss if last is not None else float("nan")
+    by = f" with {trainers} trainers" if trainers > 1 else ""
     print(
-        f"Trained {result.steps_run} step(s) to checkpoint version {result.version} in "
+        f"Trained {result.steps_run} step(s) to checkpoint version {result.version}{by} in "
         f"{result.seconds:.1f}s ({result.edges_per_sec:,.0f} edges/s); last loss "
-        f"{stats.get('loss', float('nan')):.4f}. Checkpoint: {cfg.checkpoint_path}"
+        f"{loss:.4f}. Checkpoint: {cfg.checkpoint_path}"
     )
-    after = result.last_stats.get("eval_stats_after")
+    after = last.eval_after if last is not None else None
     if after:
         print(
             "Withheld-edge eval after the last step: "
             + json.dumps({k: round(v, 4) for k, v in after.items() if k != "count"})
         )
-    return 0

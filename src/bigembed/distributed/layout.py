@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bigembed.buckets.geometry import PartitionKey
 from bigembed.config import ConfigSchema
 from bigembed.errors import ConfigError
-
-PartitionKey = tuple[str, int]
 
 
 @dataclass(frozen=True)

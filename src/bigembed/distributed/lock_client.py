@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
+from bigembed.buckets.geometry import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
-from bigembed.distributed.lock_server import CHANNEL, Bucket, PartitionKey
+from bigembed.distributed.lock_server import CHANNEL
 from bigembed.distributed.rpc import RpcClient
-from bigembed.train.loop import Iteration
+from bigembed.train.iteration import Iteration
 from bigembed.train.partitions import PartitionStore
 
 logger = logging.getLogger(__name__)
@@ -64,18 +65,18 @@ class LockedBucketSource:
         self,
         client: LockClient,
         keys_of: Callable[[Bucket], frozenset[PartitionKey]],
+        partitions: PartitionStore,
         min_pause: float = 0.05,
         max_pause: float = 1.0,
     ) -> None:
         self.client = client
         self.keys_of = keys_of
-        self.store: PartitionStore | None = None  # set by the trainer once it exists
+        self.store = partitions  # written back and released between buckets
         self.min_pause = min_pause
         self.max_pause = max_pause
         self.waits = 0
 
     def _give_back(self, iteration: int, keep: frozenset[PartitionKey]) -> None:
-        assert self.store is not None
         evicted = self.store.evict(keep)
         locked = [k for k in evicted if k not in self.store.pinned]
         self.client.release(iteration, locked)

@@ -33,13 +33,12 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
+from bigembed.buckets.geometry import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.rpc import Message, RpcServer
 
 logger = logging.getLogger(__name__)
 
-Bucket = tuple[int, int]
-PartitionKey = tuple[str, int]
 SideKeys = tuple[frozenset[PartitionKey], frozenset[PartitionKey]]
 CHANNEL = "lock"
 

@@ -28,8 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from bigembed.buckets.geometry import PartitionKey
 from bigembed.distributed.auth import Session
-from bigembed.distributed.layout import PartitionKey, RankLayout
+from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import Message, RpcClient, RpcServer
 from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError

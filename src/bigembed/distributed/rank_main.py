@@ -38,13 +38,22 @@ def _run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
     except KeyboardInterrupt:
         ctx.abort("interrupted")
     except BaseException:
-        traceback.print_exc()
+        logger.error("unexpected error:\n%s", traceback.format_exc())
         ctx.abort("unexpected error (traceback above)")
     raise AssertionError("unreachable: the context ends the process")
 
 
-def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) -> int:
-    """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed."""
+def train_distributed(
+    cfg: ConfigSchema,
+    *,
+    rank: int,
+    progress: bool = True,
+    report: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed.
+
+    ``report`` receives rank 0's per-step summary lines (the command prints them).
+    """
     from bigembed.distributed.trainer import DistributedTrainer
 
     RankLayout.of(cfg).check_trainer_rank(rank)
@@ -67,23 +76,16 @@ def train_distributed(cfg: ConfigSchema, *, rank: int, progress: bool = True) ->
         raise
 
     def body() -> TrainResult:
-        trainer = DistributedTrainer(cfg, ctx, progress=progress and rank == 0)
+        trainer = DistributedTrainer(
+            cfg, ctx, progress=progress and rank == 0, report=report if rank == 0 else None
+        )
         result = trainer.train()
         trainer.shutdown()
         return result
 
     result = _run_guarded(ctx, body)
     ctx.close()
-    if rank == 0:
-        if result.steps_run == 0:
-            print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
-        else:
-            print(
-                f"Trained {result.steps_run} step(s) to checkpoint version {result.version} with "
-                f"{cfg.num_machines} trainers in {result.seconds:.1f}s. "
-                f"Checkpoint: {cfg.checkpoint_path}"
-            )
-    return 0
+    return result
 
 
 def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:

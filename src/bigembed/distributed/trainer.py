@@ -1,16 +1,24 @@
-"""The distributed trainer: the single-machine loop with distributed parts plugged in.
+"""The distributed trainer: the single-machine loop composed with distributed parts.
 
-:class:`DistributedTrainer` subclasses :class:`~bigembed.train.loop.Trainer` and replaces only
-where things come from and go to:
+:class:`DistributedTrainer` builds the same :class:`~bigembed.train.loop.TrainingLoop` as one
+machine does, from different parts:
 
-* buckets come from the lock server (:class:`~bigembed.distributed.lock_client.LockedBucketSource`);
-* swapped-out partitions go to the partition servers (or, with ``num_partition_servers: 0``,
-  to the checkpoint directory on the shared disk, exactly as on one machine);
-* shared parameters are kept in step by the parameter servers and the sharer loop;
-* each step ends with a cooperative checkpoint (:meth:`_save_step`, :meth:`_commit_step`):
-  every trainer writes its share of partitions (``p mod M``), then rank 0 writes the
-  unpartitioned embeddings, the model, the metadata and the merged stats and commits the version
-  file last, with a barrier before and after, so a checkpoint is complete or absent.
+* buckets come from the lock server (:class:`~bigembed.distributed.lock_client.LockedBucketSource`,
+  which writes back and releases partitions between buckets); rank 0 runs the lock server;
+* swapped-out partitions go to the partition servers (the partition store's remote), or, with
+  ``num_partition_servers: 0``, to the checkpoint directory on the shared disk, exactly as on
+  one machine;
+* shared parameters are kept in step by the parameter servers and the sharer loop
+  (:class:`SharedParameterSync`);
+* each step ends with a cooperative checkpoint (:class:`CooperativeCheckpoints`): every trainer
+  writes its share of partitions (``p mod M``), then rank 0 writes the unpartitioned embeddings,
+  the model, the metadata and the merged stats and commits the version file last, with a
+  barrier before and after, so a checkpoint is complete or absent.
+
+Start-up order (:meth:`DistributedTrainer.train`): agree on the shared checkpoint
+(:func:`open_shared_checkpoint`), start the lock server (rank 0), load the model, build the
+partition store, move the model to shared memory once, start parameter sharing (everyone starts
+from rank 0's values), run the loop.
 """
 
 from __future__ import annotations
@@ -18,26 +26,37 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from bigembed.buckets.geometry import Bucket, bucket_sides, chunk_sizes
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
-from bigembed.distributed.auth import BadMac, seal, unseal
+from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.context import DistContext
-from bigembed.distributed.layout import PartitionKey
+from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.lock_client import LockClient, LockedBucketSource
-from bigembed.distributed.lock_server import Bucket, BucketScheduler, EventLog, LockServer, PassPlan
+from bigembed.distributed.lock_server import (
+    BucketScheduler,
+    EventLog,
+    LockServer,
+    PassPlan,
+    SideKeys,
+)
 from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
 from bigembed.distributed.sharer import Sharer
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
-from bigembed.storage.edges import chunk_range
-from bigembed.train.loop import Iteration, Trainer, iterations
-from bigembed.train.partitions import PartitionSource, PartitionStore
+from bigembed.train.iteration import Iteration, iterations
+from bigembed.train.job import ModelState, TrainingJob
+from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
+from bigembed.train.partitions import PartitionStore
+from bigembed.train.policy import checkpoint_metadata, commit_with_stats, resume
+from bigembed.train.records import StepLog, merge_step_logs
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
@@ -46,227 +65,186 @@ EVENT_LOG = "lock_events.jsonl"
 PROBE_FILE = ".bigembed_shared_disk_probe"
 
 
-def _weighted(items: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Count-weighted mean of per-edge summaries (counts add up)."""
-    total = sum(n for n, _ in items)
-    out: dict[str, Any] = {"count": total}
-    keys = {
-        k for _, d in items for k, v in d.items() if isinstance(v, (int, float)) and k != "count"
-    }
-    for k in sorted(keys):
-        out[k] = sum(n * d.get(k, 0.0) for n, d in items) / max(total, 1)
-    return out
+def _signed(ctx: DistContext, key: str) -> bytes:
+    """A value another rank wrote with :func:`seal` (checked when the run has a secret)."""
+    assert ctx.store is not None
+    try:
+        return unseal(ctx.session, key, ctx.store.get(key))
+    except BadMac as exc:
+        raise PeerError(
+            f"{exc}: not signed with the run's secret; somebody else writes to the rendezvous store"
+        ) from None
 
 
-class DistributedTrainer(Trainer):
-    def __init__(self, cfg: ConfigSchema, ctx: DistContext, *, progress: bool = False) -> None:
-        assert ctx.store is not None
-        self.ctx = ctx
-        self.rank = ctx.rank
-        self.layout = ctx.layout
-        self.source = LockedBucketSource(
-            LockClient(ctx.store, ctx.rank, ctx.timeout, ctx.layout.role(0), ctx.session),
-            self._bucket_keys,
-        )
-        super().__init__(cfg, progress=progress, bucket_source=self.source)
-        self.lock_server: LockServer | None = None
-        self.partition_server: PartitionServer | None = None
-        self.partition_client: PartitionClient | None = None
-        self.param_server: ParameterServer | None = None
-        self.sharer: Sharer | None = None
-        self.pstore: PartitionStore | None = None
-        self.fresh = False
-        self._reported = (0, 0)  # network bytes and lock waits already in earlier steps' stats
-        if self.layout.num_partition_servers < 0:
-            self.partition_server = PartitionServer(
-                self.rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
-            )
-            self.partition_server.start()
-        if self.layout.server_ranks:
-            self.partition_client = PartitionClient(
-                self.rank,
-                self.layout,
-                ctx.store,
-                ctx.timeout,
-                self.partition_server,
-                session=ctx.session,
-            )
+def _publish(store: dist.Store, session: Session | None, key: str, value: str) -> None:
+    store_set(store, key, seal(session, key, value))
 
-    def _signed(self, store: dist.Store, key: str) -> bytes:
-        """A value another rank wrote with :func:`seal` (checked when the run has a secret)."""
+
+def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
+    """Open the checkpoint on every rank; returns the committed version they all see.
+
+    Rank 0 discards an interrupted step's files and writes a probe file; every other rank must
+    see the probe (the directory is on a disk all machines share) and the same version.
+    """
+    assert ctx.store is not None
+    ck = checkpoint
+    if ctx.rank == 0:
+        ck.open_for_training()
+        nonce = secrets.token_hex(8)
+        (ck.path / PROBE_FILE).write_text(nonce)
+        _publish(ctx.store, ctx.session, "open/nonce", nonce)
+        _publish(ctx.store, ctx.session, "open/version", str(ck.committed_version()))
+    ctx.barrier("open")
+    committed = ck.committed_version()
+    if ctx.rank != 0:
+        nonce = _signed(ctx, "open/nonce").decode()
         try:
-            return unseal(self.ctx.session, key, store.get(key))
-        except BadMac as exc:
-            raise PeerError(
-                f"{exc}: not signed with the run's secret; somebody else writes to "
-                "the rendezvous store"
-            ) from None
+            seen = (ck.path / PROBE_FILE).read_text()
+        except OSError:
+            seen = None
+        if seen != nonce:
+            raise CheckpointError(
+                f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
+                "the file rank 0 just wrote there): put it on a disk all machines mount"
+            )
+        theirs = int(_signed(ctx, "open/version"))
+        if theirs != committed:
+            raise CheckpointError(
+                f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
+            )
+    ctx.barrier("opened")
+    if ctx.rank == 0:
+        (ck.path / PROBE_FILE).unlink(missing_ok=True)
+    return committed
 
-    # ------------------------------------------------------------------ buckets
-    def _side_keys(self, bucket: Bucket) -> tuple[frozenset[PartitionKey], frozenset[PartitionKey]]:
-        """The partitioned (lockable) keys of a bucket's lhs and rhs sides."""
-        parted = {t for t, e in self.cfg.entities.items() if e.num_partitions > 1}
-        sides = self._sides(bucket)
-        lhs = frozenset(k for k, _ in sides if k[0] in parted)
-        rhs = frozenset(k for _, k in sides if k[0] in parted)
-        return lhs, rhs
 
-    def _bucket_keys(self, bucket: Bucket) -> frozenset[PartitionKey]:
-        lhs, rhs = self._side_keys(bucket)
-        return lhs | rhs
+def side_keys(cfg: ConfigSchema, bucket: Bucket) -> SideKeys:
+    """The partitioned (lockable) keys of a bucket's lhs and rhs sides."""
+    parted = {t for t, e in cfg.entities.items() if e.num_partitions > 1}
+    sides = bucket_sides(cfg, bucket)
+    lhs = frozenset(k for k, _ in sides if k[0] in parted)
+    rhs = frozenset(k for _, k in sides if k[0] in parted)
+    return lhs, rhs
 
-    def _plan_for(self, index: int) -> PassPlan:
-        cfg = self.cfg
-        it = next(iterations(cfg.num_epochs, len(cfg.edge_paths), self.num_chunks, index))
-        edges = self.edge_stores[it.edge_path_idx]
-        weights = {}
-        for b in edges.buckets():
-            n = edges.num_edges(*b)
-            if n > 0:
-                start, end = chunk_range(n, it.chunk, self.num_chunks)
-                weights[b] = end - start
-        tree = bool(cfg.distributed_tree_init_order) and index == 0 and self.fresh
+
+def start_lock_server(
+    ctx: DistContext, job: TrainingJob, checkpoint: CheckpointStore, committed: int, fresh: bool
+) -> LockServer:
+    """Rank 0: start the lock server of a run resumed at ``committed`` (logs to EVENT_LOG)."""
+    cfg = job.cfg
+
+    def plan_for(index: int) -> PassPlan:
+        it = next(iterations(cfg.num_epochs, len(cfg.edge_paths), job.num_chunks, index))
+        weights = chunk_sizes(job.edge_stores[it.edge_path_idx], it.chunk, job.num_chunks)
+        tree = bool(cfg.distributed_tree_init_order) and index == 0 and fresh
         return PassPlan(index, weights, tree)
 
-    # ------------------------------------------------------------------ hooks of the loop
-    def _open_checkpoint(self) -> int:
-        ctx, ck = self.ctx, self.checkpoint
-        assert ctx.store is not None
-        if self.rank == 0:
-            ck.path.mkdir(parents=True, exist_ok=True)
-            removed = ck.discard_uncommitted()
-            if removed:
-                logger.info("removed %d files of an interrupted step in %s", removed, ck.path)
-            nonce = secrets.token_hex(8)
-            (ck.path / PROBE_FILE).write_text(nonce)
-            store_set(ctx.store, "open/nonce", seal(ctx.session, "open/nonce", nonce))
-            version = str(ck.committed_version())
-            store_set(ctx.store, "open/version", seal(ctx.session, "open/version", version))
-        ctx.barrier("open")
-        committed = ck.committed_version()
-        if self.rank != 0:
-            nonce = self._signed(ctx.store, "open/nonce").decode()
-            try:
-                seen = (ck.path / PROBE_FILE).read_text()
-            except OSError:
-                seen = None
-            if seen != nonce:
-                raise CheckpointError(
-                    f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
-                    "the file rank 0 just wrote there): put it on a disk all machines mount"
-                )
-            theirs = int(self._signed(ctx.store, "open/version"))
-            if theirs != committed:
-                raise CheckpointError(
-                    f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
-                )
-        ctx.barrier("opened")
-        if self.rank == 0:
-            (ck.path / PROBE_FILE).unlink(missing_ok=True)
-        self.fresh = committed == 0 and not self.cfg.init_path
-        if self.rank == 0:
-            log = EventLog(ck.path / EVENT_LOG)
-            log.write(
-                "run_start",
-                committed=committed,
-                trainers=self.layout.num_trainers,
-                partition_servers=self.cfg.num_partition_servers,
-            )
-            scheduler = BucketScheduler(self._side_keys, self._plan_for, log)
-            self.lock_server = LockServer(
-                ctx.address.namespaced(ctx.address.client(ctx.timeout)),
-                scheduler,
-                ctx.fail,
-                session=ctx.session,
-            )
-            self.lock_server.start()
-        return committed
+    log = EventLog(checkpoint.path / EVENT_LOG)
+    log.write(
+        "run_start",
+        committed=committed,
+        trainers=RankLayout.of(cfg).num_trainers,
+        partition_servers=cfg.num_partition_servers,
+    )
+    server = LockServer(
+        ctx.address.namespaced(ctx.address.client(ctx.timeout)),
+        BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log),
+        ctx.fail,
+        session=ctx.session,
+    )
+    server.start()
+    return server
 
-    def _make_partition_store(
-        self,
-        counts: dict[PartitionKey, int],
-        dims: dict[str, int],
-        committed: int,
-        init_source: PartitionSource | None,
-        shared: bool,
-        pinned: list[PartitionKey],
-    ) -> PartitionStore:
-        store = PartitionStore(
-            counts,
-            dims,
-            self.checkpoint,
-            committed=committed,
-            working=committed + 1,
-            init_source=init_source,
-            init_scale=self.cfg.init_scale,
-            seed=self.cfg.seed,
-            shared=shared,
-            pinned=pinned,
-            remote=self.partition_client,
+
+class SharedParameterSync:
+    """The parameter server this trainer hosts and the sharer loop that keeps the shared
+    parameters (model, Adagrad state, unpartitioned embeddings) in step across trainers."""
+
+    def __init__(self, ctx: DistContext, state: ModelState, partitions: PartitionStore) -> None:
+        """Broadcast rank 0's values to every trainer, then start both threads.
+
+        The tensors must already be where they stay (shared memory, resident tables): the
+        sharer holds views of them."""
+        self.ctx = ctx
+        names, tensors = self._shared_tensors(state, partitions)
+        with torch.no_grad():  # every trainer starts from rank 0's values
+            for t in tensors:
+                dist.broadcast(t.data, src=0, group=ctx.trainer_group)
+        trainers = ctx.layout.trainers
+        plan = ShardPlan(names, [t.numel() for t in tensors], trainers)
+        flat = [t.data.view(-1) for t in tensors]
+        self.param_server = ParameterServer(
+            ctx.rank, gather(flat, plan.segments[ctx.rank]), trainers, ctx.trainer_group, ctx.fail
         )
-        self.pstore = store
-        self.source.store = store
-        if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
-            self.model.share_memory()
-            for s in self.model_states:
-                s.share_memory_()
-        store.ensure(())  # the unpartitioned (shared) tables stay resident from now on
-        self._start_sharing(store)
-        return store
+        self.param_server.start()
+        self.sharer = Sharer(
+            ctx.rank, plan, tensors, self.param_server, ctx.trainer_group, ctx.fail
+        )
+        self.sharer.start()
 
-    def _shared_tensors(self, store: PartitionStore) -> tuple[list[str], list[Tensor]]:
+    @staticmethod
+    def _shared_tensors(
+        state: ModelState, partitions: PartitionStore
+    ) -> tuple[list[str], list[Tensor]]:
         names, tensors = [], []
-        named = self.model.named_parameters()
-        for (name, param), state in zip(named, self.model_states, strict=True):
+        named = state.model.named_parameters()
+        for (name, param), adagrad in zip(named, state.adagrad, strict=True):
             names += [f"param/{name}", f"adagrad/{name}"]
-            tensors += [param, state]
-        for key in sorted(store.pinned):
-            table = store.get(key)
+            tensors += [param, adagrad]
+        for key in sorted(partitions.pinned):
+            table = partitions.get(key)
             names += [f"emb/{key[0]}", f"emb_state/{key[0]}"]
             tensors += [table.emb, table.state]
         return names, tensors
 
-    def _start_sharing(self, store: PartitionStore) -> None:
-        ctx = self.ctx
-        names, tensors = self._shared_tensors(store)
-        with torch.no_grad():  # every trainer starts from rank 0's values
-            for t in tensors:
-                dist.broadcast(t.data, src=0, group=ctx.trainer_group)
-        plan = ShardPlan(names, [t.numel() for t in tensors], self.layout.trainers)
-        flat = [t.data.view(-1) for t in tensors]
-        self.param_server = ParameterServer(
-            self.rank,
-            gather(flat, plan.segments[self.rank]),
-            self.layout.trainers,
-            ctx.trainer_group,
-            ctx.fail,
-        )
-        self.param_server.start()
-        self.sharer = Sharer(
-            self.rank, plan, tensors, self.param_server, ctx.trainer_group, ctx.fail
-        )
-        self.sharer.start()
+    def flush(self) -> None:
+        """Send this trainer's pending updates and receive the merged values."""
+        try:
+            self.sharer.flush(self.ctx.timeout * 2)
+        except TimeoutError as exc:
+            raise PeerError(str(exc)) from None
 
-    def _sync_shared(self) -> None:
-        if self.sharer is not None:
-            try:
-                self.sharer.flush(self.ctx.timeout * 2)
-            except TimeoutError as exc:
-                raise PeerError(str(exc)) from None
+    def stop(self) -> None:
+        self.sharer.stop()
+        self.param_server.join(timeout=self.ctx.timeout)
 
-    def _save_step(self, it: Iteration, store: PartitionStore) -> None:
-        version = it.index + 1
+
+class CooperativeCheckpoints:
+    """The distributed checkpoint policy: every trainer writes its share, rank 0 commits."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        job: TrainingJob,
+        state: ModelState,
+        checkpoint: CheckpointStore,
+        sync: SharedParameterSync,
+        partition_client: PartitionClient | None,
+        counters: Callable[[], tuple[int, int]],
+    ) -> None:
+        self.ctx = ctx
+        self.job = job
+        self.state = state
+        self.checkpoint = checkpoint
+        self.sync = sync
+        self.partition_client = partition_client
+        self.counters = counters  # (network bytes, lock waits) so far in this run
+        self._reported = (0, 0)  # ... of them already in earlier steps' stats
+        self.partitions: PartitionStore | None = None
+
+    def save_step(self, it: Iteration, partitions: PartitionStore) -> None:
         # The lock server said "done": this trainer has handed back all its partitions.
-        self._sync_shared()  # push this trainer's last updates
-        self.ctx.barrier(f"v{version}/trained")
-        self._sync_shared()  # pull everybody's
-        self._write_partitions(store, version)
+        self.partitions = partitions
+        self.sync.flush()  # push this trainer's last updates
+        self.ctx.barrier(f"v{it.version}/trained")
+        self.sync.flush()  # pull everybody's
+        self._write_partition_share(partitions, it.version)
 
-    def _write_partitions(self, store: PartitionStore, version: int) -> None:
+    def _write_partition_share(self, store: PartitionStore, version: int) -> None:
         """Write this trainer's share (``p mod M``) of the partitioned tables."""
-        ck = self.checkpoint
+        ck, layout = self.checkpoint, self.ctx.layout
         for key in sorted(store.counts):
-            if key in store.pinned or self.layout.writer_for(key) != self.rank:
+            if key in store.pinned or layout.writer_for(key) != self.ctx.rank:
                 continue
             etype, part = key
             if self.partition_client is not None:
@@ -285,93 +263,152 @@ class DistributedTrainer(Trainer):
             table = store.read(key)  # never touched yet: materialise its initial value
             ck.save_partition(etype, part, version, table.emb, table.state)
 
-    def net_bytes(self) -> int:
-        total = 0
-        if self.partition_client is not None:
-            total += self.partition_client.bytes_sent + self.partition_client.bytes_received
-        if self.sharer is not None:
-            total += self.sharer.bytes_sent + self.sharer.bytes_received
-        return total
-
-    def _commit_step(
-        self, it: Iteration, records: list[dict[str, Any]], summary: dict[str, Any]
-    ) -> None:
+    def commit_step(self, it: Iteration, log: StepLog) -> None:
         ctx, ck = self.ctx, self.checkpoint
-        assert ctx.store is not None and self.pstore is not None
-        version = it.index + 1
-        net, waits = self.net_bytes(), self.source.waits
-        summary = {
-            **summary,
-            "net_bytes": net - self._reported[0],
-            "lock_waits": waits - self._reported[1],
-        }
+        assert ctx.store is not None and self.partitions is not None
+        version = it.version
+        net, waits = self.counters()
+        log.step.net_bytes = net - self._reported[0]
+        log.step.lock_waits = waits - self._reported[1]
         self._reported = (net, waits)
-        key = f"stats/{version}/{self.rank}"
-        store_set(
-            ctx.store,
-            key,
-            seal(ctx.session, key, json.dumps({"records": records, "summary": summary})),
-        )
+        key = f"stats/{version}/{ctx.rank}"
+        _publish(ctx.store, ctx.session, key, json.dumps(log.to_json()))
         ctx.barrier(f"v{version}/written")
-        if self.rank == 0:
+        if ctx.rank == 0:
             parts = []
-            for r in self.layout.trainers:
-                parts.append(json.loads(self._signed(ctx.store, f"stats/{version}/{r}")))
+            for r in ctx.layout.trainers:
+                parts.append(StepLog.from_json(json.loads(_signed(ctx, f"stats/{version}/{r}"))))
                 ctx.store.delete_key(f"stats/{version}/{r}")
-            all_records = [
-                {**rec, "trainer": r} for r, p in enumerate(parts) for rec in p["records"]
-            ]
-            merged = self._merge_summaries([p["summary"] for p in parts])
-            for pkey in sorted(self.pstore.pinned):
-                table = self.pstore.get(pkey)
+            merged = merge_step_logs(parts)
+            for pkey in sorted(self.partitions.pinned):
+                table = self.partitions.get(pkey)
                 ck.save_partition(pkey[0], pkey[1], version, table.emb, table.state)
-            ck.save_model(version, self._model_payload())
-            ck.save_metadata(version, self._metadata(it))
-            super()._commit_step(it, all_records, merged)
+            ck.save_model(version, self.state.payload())
+            ck.write_metadata(checkpoint_metadata(self.job, it))
+            commit_with_stats(self.job, ck, it, merged)
+            step = merged.step
             logger.info(
                 "step %d committed: %d edges by %d trainers, loss %.4f, %.0f edges/s, "
                 "%.1f MB over the network",
                 version,
-                merged["stats"]["count"],
-                self.layout.num_trainers,
-                merged["stats"]["loss"],
-                merged["edges_per_sec"],
-                merged["net_bytes"] / 1e6,
+                step.stats.count,
+                ctx.layout.num_trainers,
+                step.stats.loss,
+                step.edges_per_sec,
+                (step.net_bytes or 0) / 1e6,
             )
         ctx.barrier(f"v{version}/committed")
 
-    def _merge_summaries(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        first = parts[0]
-        seconds = max(p["seconds"] for p in parts)
-        stats = _weighted([(p["stats"]["count"], p["stats"]) for p in parts])
-        out: dict[str, Any] = {
-            k: first[k] for k in ("type", "version", "epoch_idx", "edge_path_idx", "edge_chunk_idx")
-        }
-        out.update(
-            {
-                "stats": stats,
-                "seconds": seconds,
-                "edges_per_sec": stats["count"] / seconds if seconds > 0 else 0.0,
-                "io_bytes_read": sum(p["io_bytes_read"] for p in parts),
-                "io_bytes_written": sum(p["io_bytes_written"] for p in parts),
-                "net_bytes": sum(p["net_bytes"] for p in parts),
-                "lock_waits": sum(p["lock_waits"] for p in parts),
-                "trainers": len(parts),
-            }
-        )
-        for key in ("eval_stats_before", "eval_stats_after"):
-            evals = [(p[key]["count"], p[key]) for p in parts if key in p]
-            if evals:
-                out[key] = _weighted(evals)
-        return out
 
-    # ------------------------------------------------------------------ the end
+class DistributedTrainer:
+    """One trainer of a distributed run (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: ConfigSchema,
+        ctx: DistContext,
+        *,
+        progress: bool = False,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        assert ctx.store is not None
+        self.cfg = cfg
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.layout = ctx.layout
+        self.job = TrainingJob(cfg)
+        self.checkpoint = CheckpointStore(cfg.checkpoint_path)
+        self.state = ModelState.build(self.job)
+        self.observers = standard_observers(cfg, self.state, self.job.num_chunks, progress, report)
+        self.lock_client = LockClient(
+            ctx.store, ctx.rank, ctx.timeout, ctx.layout.role(0), ctx.session
+        )
+        self.lock_server: LockServer | None = None
+        self.bucket_source: LockedBucketSource | None = None
+        self.sync: SharedParameterSync | None = None
+        self.partition_server: PartitionServer | None = None
+        self.partition_client: PartitionClient | None = None
+        if self.layout.num_partition_servers < 0:  # each trainer hosts one
+            self.partition_server = PartitionServer(
+                self.rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
+            )
+            self.partition_server.start()
+        if self.layout.server_ranks:
+            self.partition_client = PartitionClient(
+                self.rank,
+                self.layout,
+                ctx.store,
+                ctx.timeout,
+                self.partition_server,
+                session=ctx.session,
+            )
+
+    def train(self) -> TrainResult:
+        cfg, job, ctx = self.cfg, self.job, self.ctx
+        committed = open_shared_checkpoint(ctx, self.checkpoint)
+        if committed >= job.num_steps:
+            logger.info(
+                "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
+            )
+            return TrainResult(version=committed, steps_run=0)
+        if self.rank == 0:
+            fresh = committed == 0 and not cfg.init_path
+            self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh)
+        init_source = resume(job, self.state, self.checkpoint, committed)
+        shared = cfg.resolved_workers() > 1
+        counts = job.partition_counts()
+        partitions = PartitionStore(
+            counts,
+            job.dimensions(),
+            self.checkpoint,
+            committed=committed,
+            working=committed + 1,
+            init_source=init_source,
+            init_scale=cfg.init_scale,
+            seed=cfg.seed,
+            shared=shared,
+            pinned=job.unpartitioned(counts),
+            remote=self.partition_client,
+        )
+        if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
+            self.state.move_to_shared_memory()
+        partitions.ensure(())  # the unpartitioned (shared) tables stay resident from now on
+        self.sync = SharedParameterSync(ctx, self.state, partitions)
+        source = LockedBucketSource(
+            self.lock_client, lambda b: frozenset.union(*side_keys(cfg, b)), partitions
+        )
+        self.bucket_source = source
+        checkpoints = CooperativeCheckpoints(
+            ctx,
+            job,
+            self.state,
+            self.checkpoint,
+            self.sync,
+            self.partition_client,
+            lambda: (self.net_bytes(), source.waits),
+        )
+        loop = TrainingLoop(
+            job,
+            self.state,
+            buckets=source,
+            partitions=partitions,
+            checkpoints=checkpoints,
+            observers=self.observers,
+        )
+        return loop.run(committed)
+
+    def net_bytes(self) -> int:
+        total = 0
+        if self.partition_client is not None:
+            total += self.partition_client.bytes_sent + self.partition_client.bytes_received
+        if self.sync is not None:
+            total += self.sync.sharer.bytes_sent + self.sync.sharer.bytes_received
+        return total
+
     def shutdown(self) -> None:
         """Stop the services once every trainer is past its last checkpoint."""
-        if self.sharer is not None:
-            self.sharer.stop()
-        if self.param_server is not None:
-            self.param_server.join(timeout=self.ctx.timeout)
+        if self.sync is not None:
+            self.sync.stop()
         self.ctx.barrier("end")
         if self.rank == 0:
             if self.lock_server is not None:

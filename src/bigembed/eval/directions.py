@@ -49,7 +49,7 @@ def direction(model: ScoringModel, side: str, relation: int) -> Direction:
     if side not in ("lhs", "rhs"):
         raise ValueError(f"side must be 'lhs' or 'rhs', not {side!r}")
     cmp = model.comparator
-    rcfg = model.relation_config(relation)
+    rcfg = model.relation_spec(relation)
     target = rcfg.lhs if side == "lhs" else rcfg.rhs
     source = rcfg.rhs if side == "lhs" else rcfg.lhs
 

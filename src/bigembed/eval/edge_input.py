@@ -17,22 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bigembed.checkpoints.reading import TrainedModel
-from bigembed.edgelists.inputs import (
-    BadColumnCount,
-    ColumnSpec,
-    InputFile,
-    TextOptions,
-    detect_format,
-)
-from bigembed.edgelists.locate import first_wrong_width, location
-from bigembed.edgelists.validate import as_strings
+from bigembed.checkpoints.reading import TrainedModel, open_entity_store
+from bigembed.edgelists import ColumnSpec, EdgeNameFile, NameBatch, NameFileOptions, TextOptions
 from bigembed.errors import InputError
 from bigembed.eval.ranking import EvalEdges
-from bigembed.inference import open_entity_store, relation_names
-from bigembed.storage.edges import EdgeStore
-from bigembed.storage.entities import EntityStore
-from bigembed.storage.format import MANIFEST
+from bigembed.storage import MANIFEST, EdgeStore, EntityStore, has_manifest
 
 
 @dataclass
@@ -78,7 +67,7 @@ class EdgeLoader:
         self.entity_path = entity_path
         self.options = options or FileOptions()
         cfg = trained.config
-        self.relation_names = relation_names(trained)
+        self.relation_names = trained.relation_names
         if cfg.dynamic_relations:
             rel = cfg.relations[0]
             self.lhs_types = [rel.lhs] * len(self.relation_names)
@@ -97,13 +86,13 @@ class EdgeLoader:
     def load(self, path: str | os.PathLike[str]) -> LoadedEdges:
         p = Path(path)
         if p.is_dir():
-            if not (p / MANIFEST).exists():
+            if not has_manifest(p):
                 raise InputError(
                     f"{p}: not an imported edge path (no {MANIFEST}); pass a directory written "
                     f"by `bigembed import` or an edge file (.tsv/.csv/.parquet)"
                 )
             names = Path(self.entity_path or self.trained.config.entity_path)
-            if (names / MANIFEST).exists():
+            if has_manifest(names):
                 _ = self.entity_store  # the edges' ids mean the import the model was trained on
             store = EdgeStore(p, entities=self.entity_store)
             return LoadedEdges(str(p), "edge path", self._from_store(store))
@@ -158,44 +147,29 @@ class EdgeLoader:
     # ------------------------------------------------------------------ raw files of names
     def _from_file(self, path: Path) -> LoadedEdges:
         opts = self.options
-        fmt, compression = detect_format(path, opts.format)
-        columns = opts.columns
-        if columns.rel is None and len(self.relation_names) > 1:
+        source = EdgeNameFile(path, NameFileOptions(opts.columns, opts.text, opts.format))
+        if opts.columns.rel is None and len(self.relation_names) > 1:
             raise InputError(
                 f"{path}: no relation column (--rel-col none) but the model has "
                 f"{len(self.relation_names)} relations; give --rel-col"
             )
-        source = InputFile(path, fmt, compression, columns, opts.text, skip_bad_lines=False)
         loaded = LoadedEdges(str(path), "file", EvalEdges(np.empty(0), np.empty(0), np.empty(0)))
-        parts: list[EvalEdges] = []
         rel_values = pa.array(self.relation_names, pa.string())
-        try:
-            for batch in source.batches():
-                parts.append(
-                    self._map_batch(source, batch.columns, batch.first_row, rel_values, loaded)
-                )
-        except BadColumnCount:
-            found = first_wrong_width(source)
-            if found is None:
-                raise InputError(f"{path}: a line has the wrong number of columns") from None
-            line, width, expected = found
-            raise InputError(
-                f"{path}:{line}: has {width} column(s), the first line has {expected}"
-            ) from None
+        parts = [self._map_batch(source, batch, rel_values, loaded) for batch in source.batches()]
         loaded.edges = EvalEdges.concat(parts)
         return loaded
 
     def _map_batch(
         self,
-        source: InputFile,
-        cols: dict[str, pa.Array],
-        first_row: int,
+        source: EdgeNameFile,
+        batch: NameBatch,
         rel_values: pa.Array,
         loaded: LoadedEdges,
     ) -> EvalEdges:
-        n = len(cols["lhs"])
+        cols = batch.columns
+        n = batch.num_rows
         if "rel" in cols:
-            rel_names = as_strings(cols["rel"])
+            rel_names = cols["rel"]
             rel = pc.fill_null(pc.index_in(rel_names, value_set=rel_values), -1)
             rel = rel.to_numpy(zero_copy_only=False).astype(np.int64)
         else:
@@ -203,7 +177,7 @@ class EdgeLoader:
             rel = np.zeros(n, np.int64)
         lhs = np.full(n, -1, np.int64)
         rhs = np.full(n, -1, np.int64)
-        names = {"lhs": as_strings(cols["lhs"]), "rhs": as_strings(cols["rhs"])}
+        names = {"lhs": cols["lhs"], "rhs": cols["rhs"]}
         types = {"lhs": np.array(self.lhs_types), "rhs": np.array(self.rhs_types)}
         known_rel = rel >= 0
         for side, dest in (("lhs", lhs), ("rhs", rhs)):
@@ -220,7 +194,7 @@ class EdgeLoader:
             if not self.options.skip_unknown:
                 row = int(rows[0])
                 raise InputError(
-                    f"{location(source, first_row + row)}: "
+                    f"{source.where(batch.first_row + row)}: "
                     f"{self._why(row, rel, lhs, rhs, rel_names, names)}; "
                     f"use --skip-unknown to leave such edges out"
                 )

@@ -163,7 +163,7 @@ def _tasks(
         )
         return
 
-    dirs = [direction(model, side, i) for i in range(len(model.config.relations))]
+    dirs = [direction(model, side, i) for i in range(len(model.spec.relations))]
     if side == "lhs":
         # candidates (lhs + g) do not depend on the relation: one task per lhs type
         groups: dict[str | int, list[int]] = {}  # task key -> relation indices

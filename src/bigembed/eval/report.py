@@ -20,14 +20,14 @@ import numpy as np
 from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
-from bigembed.checkpoints.reading import TrainedModel
+from bigembed.buckets.metrics import summarize, summarize_groups
+from bigembed.checkpoints.reading import TrainedModel, load_trained
+from bigembed.checkpoints.tables import EntityTables
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
 from bigembed.eval.filters import KnownEdges
-from bigembed.eval.metrics import summarize, summarize_groups
 from bigembed.eval.ranking import SIDES, EvalEdges, RankingResult, rank_edges
-from bigembed.inference import EntityTables, open_checkpoint, relation_names
 
 logger = logging.getLogger(__name__)
 
@@ -200,12 +200,12 @@ def evaluate_checkpoint(
     started = time.perf_counter()
     if isinstance(cfg_or_dir, ConfigSchema):
         cfg = cfg_or_dir
-        trained = open_checkpoint(cfg.checkpoint_path)
+        trained = load_trained(cfg.checkpoint_path)
         _warn_if_model_differs(cfg, trained)
         if entity_path is None:
             entity_path = cfg.entity_path
     else:
-        trained = open_checkpoint(cfg_or_dir)
+        trained = load_trained(cfg_or_dir)
         cfg = trained.config
     loader = EdgeLoader(trained, entity_path=entity_path, options=file_options)
     sources = [loader.load(p) for p in (edge_paths if edge_paths else cfg.edge_paths)]
@@ -256,8 +256,8 @@ def evaluate_checkpoint(
                 + ")"
             )
         else:
+            from bigembed.buckets.negative_settings import negative_settings
             from bigembed.eval.sampled import sampled_ranks
-            from bigembed.train.settings import negative_settings
 
             negs = negative_settings(cfg)
             result = sampled_ranks(
@@ -363,7 +363,7 @@ def _build_report(
             k: summarize(side.ranks(k == "filtered"), side.auc(k == "filtered")) for k in kinds
         }
     rows: list[dict[str, Any]] | None = None
-    names = relation_names(trained)
+    names = trained.relation_names
     if per_relation:
         rows = [{"relation": n, "id": i} for i, n in enumerate(names)]
     for kind in kinds:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bigembed.buckets.geometry import PartitionKey, bucket_sides
+from bigembed.buckets.sampled_ranking import score_batches
+from bigembed.checkpoints.tables import EntityTables
 from bigembed.eval.ranking import EvalEdges, RankingResult, SideRanks
-from bigembed.inference import EntityTables
 from bigembed.model.negatives import MASKED
 from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.train.batching import make_batches
-from bigembed.train.step import Table, gather_side
 
 
 @dataclass
@@ -47,7 +47,7 @@ def sampled_ranks(
 ) -> SampledResult:
     """Rank every edge against sampled negatives; returns per-positive ranks of both sides."""
     model.eval()
-    cfg = model.config
+    cfg = tables.trained.config
     relations = cfg.relations
     rel_cfg = [relations[0]] * max(1, model.num_relations) if model.dynamic else list(relations)
     lhs_types = np.array([r.lhs for r in rel_cfg])
@@ -59,8 +59,6 @@ def sampled_ranks(
         for etype in np.unique(types[edges.rel]).tolist():
             sel = np.flatnonzero(types[edges.rel] == etype)
             dest[sel] = _partition_of(tables.bases(etype), ids[sel])
-    if negs.num_batch_negs > 0:
-        batch_size = -(-batch_size // negs.num_batch_negs) * negs.num_batch_negs
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     out: dict[str, list[np.ndarray]] = {k: [] for k in ("rel", "lr", "lc", "rr", "rc")}
@@ -82,35 +80,30 @@ def sampled_ranks(
             for etype in np.unique(types[rel]).tolist():
                 m = np.flatnonzero(types[rel] == etype)
                 dest[m] = ids[sel[m]] - tables.bases(etype)[part]
-        sides = [
-            (
-                (r.lhs, int(i) if cfg.entities[r.lhs].num_partitions > 1 else 0),
-                (r.rhs, int(j) if cfg.entities[r.rhs].num_partitions > 1 else 0),
-            )
-            for r in (relations[:1] if model.dynamic else relations)
-        ]
-        cache: dict[tuple[str, int], Table] = {}
+        cache: dict[PartitionKey, torch.Tensor] = {}
 
-        def table(key: tuple[str, int], cache=cache) -> Table:
+        def embeddings(
+            key: PartitionKey, cache: dict[PartitionKey, torch.Tensor] = cache
+        ) -> torch.Tensor:
             if key not in cache:
-                cache[key] = Table(tables.table(*key), torch.empty(0))
+                cache[key] = tables.table(*key)
             return cache[key]
 
-        batches = make_batches(
+        for scored in score_batches(
+            model,
+            embeddings,
+            bucket_sides(cfg, (int(i), int(j))),
             torch.from_numpy(lhs_off),
             torch.from_numpy(rhs_off),
             torch.from_numpy(rel),
             None,
+            negs,
             batch_size,
-            model.dynamic,
+            gen,
             rng,
-        )
-        for batch in batches:
-            lhs_key, rhs_key = sides[batch.relation_idx]
-            all_negs = bool(model.relation_config(batch.relation_idx).all_negs)
-            ls, luni = gather_side(table(lhs_key), batch.lhs, negs, all_negs, gen, None, grad=False)
-            rs, runi = gather_side(table(rhs_key), batch.rhs, negs, all_negs, gen, None, grad=False)
-            scores = model(ls, rs, batch.rel, batch.relation_idx, None, negs)
+        ):
+            batch, scores, all_negs = scored.batch, scored.scores, scored.all_negs
+            luni, runi = scored.lhs_uniform, scored.rhs_uniform
             loss_sum += float(scores.loss)
             out["rel"].append(batch.rel.numpy())
             for key, pos, neg, idx, uni, enabled in (

@@ -25,6 +25,7 @@ import torch
 
 from bigembed.atomic import atomic_directory
 from bigembed.checkpoints.reading import TrainedModel
+from bigembed.checkpoints.tables import EntityTables
 from bigembed.errors import InputError
 from bigembed.export.relations import relation_params
 from bigembed.export.writers import (
@@ -34,9 +35,9 @@ from bigembed.export.writers import (
     write_projector,
     write_tsv,
 )
-from bigembed.inference import EntityTables, open_checkpoint, open_entity_store
+from bigembed.inference import open_for_inference
 from bigembed.output_paths import check_replaceable, refuse_overlap, write_error
-from bigembed.storage.entities import EntityStore
+from bigembed.storage import EntityStore
 
 FORMATS = ("tsv", "npy", "parquet", "projector")
 
@@ -74,10 +75,9 @@ def export_checkpoint(
     out = Path(output)
     refuse_overlap([out], [checkpoint_dir])
     check_replaceable(out, "export", force=force)
-    trained = open_checkpoint(checkpoint_dir)
-    store = open_entity_store(trained, entity_path)
+    opened = open_for_inference(checkpoint_dir, entity_path, cache_bytes=0)  # each read once
+    trained, store, tables = opened.trained, opened.entities, opened.tables
     refuse_overlap([out], [trained.path, store.path])
-    tables = EntityTables(trained, max_bytes=0)  # each partition is read once
     params = relation_params(trained)
     shapes = {
         t: (tables.total(t), trained.config.entity_dimension(t)) for t in trained.config.entities

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bigembed.checkpoints.reading import TrainedModel
-from bigembed.inference import relation_names
-from bigembed.interop.pbg_names import pbg_param_name
+from bigembed.model.pbg_names import pbg_param_name
 
 
 @dataclass
@@ -37,7 +36,7 @@ def relation_params(trained: TrainedModel) -> list[RelationParam]:
     out: list[RelationParam] = []
     if cfg.dynamic_relations:
         operator = cfg.relations[0].operator
-        names = relation_names(trained)
+        names = trained.relation_names
         for side, op in (("lhs", model.lhs_operators[0]), ("rhs", model.rhs_operators[0])):
             for pname, param in op.named_parameters():
                 rows = param.detach().numpy()

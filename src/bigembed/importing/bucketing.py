@@ -21,7 +21,7 @@ from tqdm import tqdm
 from bigembed.importing.dictionary import NUM_SHARDS
 from bigembed.importing.npyfile import AppendableNpy
 from bigembed.importing.runs import RunFiles
-from bigembed.storage.format import bucket_dir
+from bigembed.storage import bucket_dir
 
 SPLIT_SLACK = 1.5
 

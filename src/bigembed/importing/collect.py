@@ -23,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from bigembed.edgelists.inputs import Batch, InputFile
-from bigembed.edgelists.validate import (
+from bigembed.edgelists import (
     EMPTY_NAME,
+    Batch,
+    InputFile,
     Problem,
     check_names,
     check_weights,

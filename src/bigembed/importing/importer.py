@@ -20,15 +20,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from bigembed.edgelists.inputs import (
+from bigembed.edgelists import (
+    WRONG_WIDTH,
     BadColumnCount,
     ColumnSpec,
     InputFile,
     TextOptions,
     detect_format,
+    first_wrong_width,
+    header_suspicion,
+    lines_of_rows,
+    location,
 )
-from bigembed.edgelists.locate import first_wrong_width, header_suspicion, lines_of_rows, location
-from bigembed.edgelists.validate import WRONG_WIDTH
 from bigembed.errors import BigembedError, ConfigError, InputError
 from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
@@ -38,9 +41,7 @@ from bigembed.importing.publish import Publisher, planned_entity_files
 from bigembed.importing.relations import RelationMapper
 from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
-from bigembed.storage.edges import write_edge_manifest
-from bigembed.storage.entities import write_entity_store
-from bigembed.storage.format import index_dtype
+from bigembed.storage import index_dtype, write_edge_manifest, write_entity_store
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema

@@ -43,7 +43,7 @@ from bigembed.output_paths import (
     remove_dead_staging,
     store_format,
 )
-from bigembed.storage.format import (
+from bigembed.storage import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
     ENTITY_FORMAT,

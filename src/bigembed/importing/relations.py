@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bigembed.edgelists.validate import (
+from bigembed.edgelists import (
     BAD_UTF8,
     EMPTY_RELATION,
     NUL_BYTE,

@@ -28,17 +28,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from bigembed import __version__
 from bigembed.atomic import atomic_directory, atomic_write_text
+from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
 from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
-from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
+from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.inference import open_checkpoint, open_entity_store, relation_names
-from bigembed.interop.pbg_names import from_pbg as public_to_key
-from bigembed.interop.pbg_names import to_pbg as key_to_public
+from bigembed.inference import open_for_inference
+from bigembed.model.pbg_names import from_pbg as public_to_key
+from bigembed.model.pbg_names import to_pbg as key_to_public
 from bigembed.model.scoring import ScoringModel
 from bigembed.output_paths import check_replaceable, refuse_overlap
-from bigembed.storage.entities import write_entity_store
+from bigembed.storage import write_entity_store
 
 BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
 SIDE_CONFIG = "bigembed_config.json"
@@ -244,11 +244,11 @@ def from_pbg(
     else:
         rel_names = [r.name for r in cfg.relations]
 
-    model = ScoringModel(cfg, len(rel_names) if cfg.dynamic_relations else 0)
+    model = ScoringModel(model_spec(cfg, len(rel_names)))
     model_path = src / f"model.v{version}.h5"
     state: dict[str, torch.Tensor] = {}
     with _open_h5(h5py, model_path) as f:
-        iteration = _iteration_attrs(f.attrs)
+        iteration = IterationPosition.from_json(_iteration_attrs(f.attrs), model_path)
         group = _in_file(h5py, f, "model", model_path)
         if isinstance(group, h5py.Group):
             for name, obj in _datasets_in_file(h5py, group, model_path):
@@ -298,17 +298,16 @@ def from_pbg(
                 etype, part, version, torch.from_numpy(emb), torch.zeros(emb.shape[0])
             )
         store.save_model(version, {"model": model.state_dict(), "optimizer": None})
-        store.save_metadata(
-            version,
-            {
-                "bigembed_version": __version__,
-                "config": config_to_dict(cfg),
-                "iteration": iteration,
-                "entity_counts": {f"{t}_{p}": n for (t, p), n in counts.items()},
-                "num_relations": len(rel_names),
-                "relation_names": rel_names,
-                "converted_from": {"system": "PyTorch-BigGraph", "checkpoint": str(src.absolute())},
-            },
+        store.write_metadata(
+            CheckpointMetadata(
+                version=version,
+                config=config_to_dict(cfg),
+                iteration=iteration,
+                entity_counts=counts,
+                num_relations=len(rel_names),
+                relation_names=rel_names,
+                converted_from={"system": "PyTorch-BigGraph", "checkpoint": str(src.absolute())},
+            )
         )
         atomic_write_text(tmp_ck / "config.json", json.dumps(config_to_dict(cfg), indent=1))
         atomic_write_text(tmp_ck / VERSION_FILE, f"{version}\n")
@@ -339,8 +338,8 @@ def to_pbg(
     """
     h5py = _h5py()
     out_ck, out_ent = Path(out_checkpoint).absolute(), Path(out_entity_path).absolute()
-    trained = open_checkpoint(checkpoint_dir)
-    store = open_entity_store(trained, entity_path)
+    opened = open_for_inference(checkpoint_dir, entity_path, cache_bytes=0)
+    trained, store = opened.trained, opened.entities
     _refuse_existing(
         [(out_ck, "pbg-checkpoint"), (out_ent, "pbg-entities")],
         force,
@@ -348,17 +347,15 @@ def to_pbg(
     )
     cfg = trained.config
     version = trained.version
-    rel_names = relation_names(trained)
+    rel_names = trained.relation_names
     full = config_to_dict(cfg)
     pbg_cfg = {k: v for k, v in full.items() if k not in BIGEMBED_ONLY_KEYS}
     pbg_cfg["entity_path"] = str(out_ent)
     pbg_cfg["checkpoint_path"] = str(out_ck)
     config_json = json.dumps(pbg_cfg, indent=4)
-    meta = trained.store.load_metadata(version)
     attrs: dict[str, Any] = {"format_version": PBG_FORMAT_VERSION, "config/json": config_json}
-    for key, value in (meta.get("iteration") or {}).items():
-        if value is not None:
-            attrs[f"iteration/{key}"] = value
+    for key, value in trained.metadata.iteration.to_json().items():
+        attrs[f"iteration/{key}"] = value
 
     def write_attrs(f) -> None:
         for k, v in attrs.items():
@@ -379,11 +376,7 @@ def to_pbg(
                 (tmp_ent / f"entity_names_{etype}_{part}.json").write_text(
                     json.dumps(names, ensure_ascii=False)
                 )
-                emb_path = trained.store.embeddings_path(etype, part, version)
-                try:
-                    emb = np.load(emb_path, mmap_mode="r", allow_pickle=False)
-                except (OSError, ValueError) as exc:
-                    raise CheckpointError(f"{emb_path}: cannot read embeddings ({exc})") from None
+                emb = trained.mapped_embeddings(etype, part)
                 with h5py.File(tmp_ck / f"embeddings_{etype}_{part}.v{version}.h5", "w") as f:
                     write_attrs(f)
                     f.create_dataset("embeddings", data=np.asarray(emb, dtype=np.float32))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bigembed.model.names import COMPARATOR_NAMES
+
 
 class Comparator:
-    name = "base"
-
     def prepare(self, x: Tensor) -> Tensor:
         """Transform embeddings once before any comparison (``cos`` normalises here)."""
         return x
@@ -27,8 +27,6 @@ class Comparator:
 
 
 class DotComparator(Comparator):
-    name = "dot"
-
     def pos(self, a: Tensor, b: Tensor) -> Tensor:
         return (a * b).sum(-1)
 
@@ -37,16 +35,12 @@ class DotComparator(Comparator):
 
 
 class CosComparator(DotComparator):
-    name = "cos"
-
     def prepare(self, x: Tensor) -> Tensor:
         return torch.nn.functional.normalize(x, p=2.0, dim=-1, eps=1e-12)
 
 
 class SquaredL2Comparator(Comparator):
     """Negative squared Euclidean distance, expanded so negatives cost one matmul."""
-
-    name = "squared_l2"
 
     def pos(self, a: Tensor, b: Tensor) -> Tensor:
         return -(a - b).pow(2).sum(-1)
@@ -58,8 +52,6 @@ class SquaredL2Comparator(Comparator):
 
 
 class L2Comparator(SquaredL2Comparator):
-    name = "l2"
-
     def pos(self, a: Tensor, b: Tensor) -> Tensor:
         return -(a - b).pow(2).sum(-1).clamp_min(1e-30).sqrt()
 
@@ -72,7 +64,6 @@ class BiasedComparator(Comparator):
 
     def __init__(self, base: Comparator) -> None:
         self.base = base
-        self.name = f"{base.name}+bias"
 
     def prepare(self, x: Tensor) -> Tensor:
         return torch.cat((x[..., :1], self.base.prepare(x[..., 1:])), dim=-1)
@@ -85,9 +76,14 @@ class BiasedComparator(Comparator):
         return scores + anchors[..., :1] + negs[..., 0].unsqueeze(1)
 
 
-COMPARATORS: dict[str, type[Comparator]] = {
-    cls.name: cls for cls in (DotComparator, CosComparator, L2Comparator, SquaredL2Comparator)
-}
+#: The implementation of each name of :data:`bigembed.model.names.COMPARATOR_NAMES`.
+COMPARATORS: dict[str, type[Comparator]] = dict(
+    zip(
+        COMPARATOR_NAMES,
+        (DotComparator, CosComparator, L2Comparator, SquaredL2Comparator),
+        strict=True,
+    )
+)
 
 
 def make_comparator(name: str, bias: bool = False) -> Comparator:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bigembed.model.names import LOSS_NAMES
+
 Negatives = Sequence[Tensor]
 LossFn = Callable[[Tensor, Negatives, "Tensor | None"], Tensor]
 
@@ -131,12 +133,25 @@ class RankingLoss:
         return f"RankingLoss(margin={self.margin})"
 
 
+def _logistic(margin: float) -> LossFn:
+    return logistic_loss
+
+
+def _softmax(margin: float) -> LossFn:
+    return softmax_loss
+
+
+#: How each name of :data:`bigembed.model.names.LOSS_NAMES` is made from the margin (only the
+#: ranking loss uses it).
+LOSSES: dict[str, Callable[[float], LossFn]] = dict(
+    zip(LOSS_NAMES, (RankingLoss, _logistic, _softmax), strict=True)
+)
+
+
 def make_loss(name: str, margin: float = 0.1) -> LossFn:
     """The loss called ``name``; every result is picklable (workers receive it by pickle)."""
-    if name == "ranking":
-        return RankingLoss(margin)
-    if name == "logistic":
-        return logistic_loss
-    if name == "softmax":
-        return softmax_loss
-    raise ValueError(f"unknown loss {name!r} (known: ranking, logistic, softmax)")
+    try:
+        factory = LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSSES)})") from None
+    return factory(margin)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from bigembed.model.names import OPERATOR_NAMES
+
 
 class Operator(nn.Module):
     """Base class. ``num_relations is None`` means standard mode (no relation axis)."""
-
-    name = "base"
 
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         super().__init__()
@@ -142,15 +142,11 @@ class _ComplexMultiply(torch.autograd.Function):
 
 
 class IdentityOperator(Operator):
-    name = "none"
-
     def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
         return x
 
 
 class TranslationOperator(Operator):
-    name = "translation"
-
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         super().__init__(dim, num_relations)
         self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
@@ -163,8 +159,6 @@ class TranslationOperator(Operator):
 
 
 class DiagonalOperator(Operator):
-    name = "diagonal"
-
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         super().__init__(dim, num_relations)
         self.diagonal = nn.Parameter(torch.ones(self._shape(dim)))
@@ -177,8 +171,6 @@ class DiagonalOperator(Operator):
 
 
 class LinearOperator(Operator):
-    name = "linear"
-
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         super().__init__(dim, num_relations)
         eye = torch.eye(dim)
@@ -194,8 +186,6 @@ class LinearOperator(Operator):
 
 
 class AffineOperator(LinearOperator):
-    name = "affine"
-
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         super().__init__(dim, num_relations)
         self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
@@ -206,8 +196,6 @@ class AffineOperator(LinearOperator):
 
 class ComplexDiagonalOperator(Operator):
     """ComplEx: the two halves of a vector are the real and imaginary parts."""
-
-    name = "complex_diagonal"
 
     def __init__(self, dim: int, num_relations: int | None = None) -> None:
         if dim % 2:
@@ -228,17 +216,21 @@ class ComplexDiagonalOperator(Operator):
         return (re.pow(2) + im.pow(2)).sqrt()
 
 
-OPERATORS: dict[str, type[Operator]] = {
-    cls.name: cls
-    for cls in (
-        IdentityOperator,
-        TranslationOperator,
-        DiagonalOperator,
-        LinearOperator,
-        AffineOperator,
-        ComplexDiagonalOperator,
+#: The implementation of each name of :data:`bigembed.model.names.OPERATOR_NAMES`.
+OPERATORS: dict[str, type[Operator]] = dict(
+    zip(
+        OPERATOR_NAMES,
+        (
+            IdentityOperator,
+            TranslationOperator,
+            DiagonalOperator,
+            LinearOperator,
+            AffineOperator,
+            ComplexDiagonalOperator,
+        ),
+        strict=True,
     )
-}
+)
 
 
 def make_operator(name: str, dim: int, num_relations: int | None = None) -> Operator:

@@ -3,8 +3,8 @@
 Entity embedding tables live outside the model (in a partition store, possibly on disk); the
 trainer gathers the rows a batch needs and hands them here as leaf tensors, so gradients land
 on exactly those rows and a fused row-wise Adagrad can apply them (see
-:mod:`bigembed.train.row_adagrad`). Relation parameters and global embeddings are ordinary
-``nn.Parameter`` objects of this module.
+:func:`bigembed.train.optimizers.row_adagrad_update`). Relation parameters and global
+embeddings are ordinary ``nn.Parameter`` objects of this module.
 
 Standard mode (PBG's non-dynamic relations): each batch holds one relation type; its operator
 transforms the rhs side, and both sides are corrupted: lhs negatives are compared raw with
@@ -23,7 +23,6 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from bigembed.config import ConfigSchema
 from bigembed.model.comparators import (
     Comparator,
     CosComparator,
@@ -32,12 +31,14 @@ from bigembed.model.comparators import (
 )
 from bigembed.model.fused import fused_softmax_loss
 from bigembed.model.losses import make_loss
+from bigembed.model.names import COMPUTE_DTYPES
 from bigembed.model.negatives import (
     batch_negative_scores,
     mask_positives,
     shared_negative_scores,
 )
 from bigembed.model.operators import IdentityOperator, Operator, make_operator
+from bigembed.model.spec import ModelSpec, RelationSpec
 
 
 @dataclass
@@ -95,49 +96,55 @@ def _operator(operators: nn.ModuleList, idx: int) -> Operator:
     return cast(Operator, operators[idx])
 
 
+#: The torch dtype of each name of :data:`bigembed.model.names.COMPUTE_DTYPES`.
+_COMPUTE_DTYPES = dict(zip(COMPUTE_DTYPES, (torch.float32, torch.bfloat16), strict=True))
+
+
 class ScoringModel(nn.Module):
-    def __init__(self, config: ConfigSchema, num_dynamic_relations: int = 0) -> None:
+    """Operators, comparator and loss of one :class:`ModelSpec` (kept as ``self.spec``)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.config = config
-        self.dynamic = bool(config.dynamic_relations)
-        self.comparator: Comparator = make_comparator(config.comparator, config.bias)
-        self.loss_fn = make_loss(config.loss_fn, config.margin)
-        self.reg_coef = float(config.regularization_coef)
-        self.compute_dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+        self.spec = spec
+        self.dynamic = spec.dynamic_relations
+        self.num_relations = spec.num_relations
+        self.comparator: Comparator = make_comparator(spec.comparator, spec.bias)
+        self.loss_fn = make_loss(spec.loss, spec.margin)
+        # Decided once here: _fusable runs every batch.
+        self.fusable_loss = spec.loss == "softmax" and type(self.comparator) in (
+            DotComparator,
+            CosComparator,
+        )
+        self.reg_coef = float(spec.regularization_coef)
+        try:
+            self.compute_dtype = _COMPUTE_DTYPES[spec.compute_dtype]
+        except KeyError:
+            known = ", ".join(_COMPUTE_DTYPES)
+            raise ValueError(
+                f"unknown compute dtype {spec.compute_dtype!r} (known: {known})"
+            ) from None
         if self.dynamic:
-            (rel,) = config.relations
-            self.num_relations = num_dynamic_relations
+            (rel,) = spec.relations
             self.lhs_operators = nn.ModuleList(
-                [
-                    make_operator(
-                        rel.operator, config.entity_dimension(rel.lhs), num_dynamic_relations
-                    )
-                ]
+                [make_operator(rel.operator, spec.dimension(rel.lhs), self.num_relations)]
             )
             self.rhs_operators = nn.ModuleList(
-                [
-                    make_operator(
-                        rel.operator, config.entity_dimension(rel.rhs), num_dynamic_relations
-                    )
-                ]
+                [make_operator(rel.operator, spec.dimension(rel.rhs), self.num_relations)]
             )
         else:
-            self.num_relations = len(config.relations)
             self.lhs_operators = nn.ModuleList()
             self.rhs_operators = nn.ModuleList(
-                [
-                    make_operator(r.operator, config.entity_dimension(r.rhs))
-                    for r in config.relations
-                ]
+                [make_operator(r.operator, spec.dimension(r.rhs)) for r in spec.relations]
             )
         self.global_embs = nn.ParameterDict()
-        if config.global_emb:
-            for etype in config.entities:
-                self.global_embs[etype] = nn.Parameter(torch.zeros(config.entity_dimension(etype)))
+        if spec.global_emb:
+            for etype, dim in spec.entity_dims.items():
+                self.global_embs[etype] = nn.Parameter(torch.zeros(dim))
 
     # ------------------------------------------------------------------ helpers
-    def relation_config(self, relation_idx: int):
-        return self.config.relations[0 if self.dynamic else relation_idx]
+    def relation_spec(self, relation_idx: int) -> RelationSpec:
+        """The relation ``relation_idx`` (dynamic mode: the template all ids share)."""
+        return self.spec.relation(relation_idx)
 
     def _adjust(self, x: Tensor, etype: str) -> Tensor:
         """Add the type's global embedding (if any)."""
@@ -183,12 +190,7 @@ class ScoringModel(nn.Module):
 
     def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
         """Whether :func:`fused_softmax_loss` computes this loss (softmax over dot products)."""
-        return (
-            self.config.loss_fn == "softmax"
-            and type(self.comparator) in (DotComparator, CosComparator)
-            and not all_negs
-            and negs.num_uniform_negs > 0
-        )
+        return self.fusable_loss and not all_negs and negs.num_uniform_negs > 0
 
     def _fused_direction(
         self,
@@ -243,12 +245,12 @@ class ScoringModel(nn.Module):
         which keeps no negative score blocks (``lhs_neg``/``rhs_neg`` are empty and the
         violator counts are filled in instead).
         """
-        rcfg = self.relation_config(relation_idx)
+        rspec = self.relation_spec(relation_idx)
         cmp = self.comparator
-        all_negs = bool(rcfg.all_negs)
+        all_negs = bool(rspec.all_negs)
         fused = not need_scores and self._fusable(negs, all_negs)
-        lhs_x = self._adjust(lhs.pos, rcfg.lhs)
-        rhs_x = self._adjust(rhs.pos, rcfg.rhs)
+        lhs_x = self._adjust(lhs.pos, rspec.lhs)
+        rhs_x = self._adjust(rhs.pos, rspec.rhs)
         batch = lhs_x.shape[0]
         chunks = -(-batch // max(1, negs.num_batch_negs or negs.num_uniform_negs or batch))
 
@@ -281,8 +283,8 @@ class ScoringModel(nn.Module):
             rhs_t = cmp.prepare(op(rhs_x))
             lhs_pos = rhs_pos = cmp.pos(lhs_p, rhs_t)
             sides = [
-                corruption(lhs_pos, lhs_p, lhs, rcfg.lhs, None, rhs_t, not negs.disable_lhs),
-                corruption(rhs_pos, rhs_t, rhs, rcfg.rhs, op, lhs_p, not negs.disable_rhs),
+                corruption(lhs_pos, lhs_p, lhs, rspec.lhs, None, rhs_t, not negs.disable_lhs),
+                corruption(rhs_pos, rhs_t, rhs, rspec.rhs, op, lhs_p, not negs.disable_rhs),
             ]
             reg = self._reg(op, lhs_p, rhs_t, None, chunks)
         else:
@@ -294,8 +296,8 @@ class ScoringModel(nn.Module):
             lhs_pos = cmp.pos(lhs_p, rhs_t)
             rhs_pos = cmp.pos(rhs_p, lhs_t)
             sides = [
-                corruption(lhs_pos, lhs_p, lhs, rcfg.lhs, None, rhs_t, not negs.disable_lhs),
-                corruption(rhs_pos, rhs_p, rhs, rcfg.rhs, None, lhs_t, not negs.disable_rhs),
+                corruption(lhs_pos, lhs_p, lhs, rspec.lhs, None, rhs_t, not negs.disable_lhs),
+                corruption(rhs_pos, rhs_p, rhs, rspec.rhs, None, lhs_t, not negs.disable_rhs),
             ]
             reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
                 lhs_op, rhs_p, lhs_t, rel, chunks
@@ -306,12 +308,12 @@ class ScoringModel(nn.Module):
                 self._fused_direction(pos, src, uni, anchors, negs, on, weight)
                 for pos, src, uni, _all, _idx, anchors, on in sides
             )
-            loss = (loss_l + loss_r) * float(rcfg.weight)
+            loss = (loss_l + loss_r) * float(rspec.weight)
             return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], (viol_l, viol_r))
         lhs_neg, rhs_neg = (
             self._direction(src, uni, all_, idx, anchors, negs, on, all_negs)
             for _pos, src, uni, all_, idx, anchors, on in sides
         )
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
-        loss = loss * float(rcfg.weight)
+        loss = loss * float(rspec.weight)
         return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)

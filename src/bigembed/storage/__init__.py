@@ -1,6 +1,57 @@
-"""On-disk graph stores: the entity store (counts, names) and bucketed edge stores."""
+"""On-disk graph stores: the entity store (counts, names) and bucketed edge stores.
 
-from bigembed.storage.edges import EdgeChunk, EdgeStore, check_edges_import, chunk_range
-from bigembed.storage.entities import EntityStore
+This ``__init__`` is the package's public API: other packages import these names from
+``bigembed.storage``, never from its modules. Readers: :class:`EntityStore`,
+:class:`EdgeStore` (chunks of a bucket as :class:`EdgeChunk`), :func:`check_edges_import`,
+:func:`read_manifest`, :func:`has_manifest`. Writers (used by ``bigembed import``, the PBG
+converter and tests): :func:`write_entity_store`, :func:`write_edge_manifest`, and the file
+names and dtypes of the format (see docs/FORMAT.md).
+"""
 
-__all__ = ["EdgeChunk", "EdgeStore", "EntityStore", "check_edges_import", "chunk_range"]
+from bigembed.storage.edges import (
+    EdgeChunk,
+    EdgeStore,
+    check_edges_import,
+    chunk_range,
+    write_edge_manifest,
+)
+from bigembed.storage.entities import EntityStore, EntityTypeInfo, write_entity_store
+from bigembed.storage.format import (
+    DYNAMIC_REL_COUNT,
+    DYNAMIC_REL_NAMES,
+    EDGE_FORMAT,
+    ENTITY_FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    PUBLISHING_KEY,
+    bucket_dir,
+    entity_count_file,
+    entity_names_file,
+    has_manifest,
+    index_dtype,
+    read_manifest,
+)
+
+__all__ = [
+    "DYNAMIC_REL_COUNT",
+    "DYNAMIC_REL_NAMES",
+    "EDGE_FORMAT",
+    "ENTITY_FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "PUBLISHING_KEY",
+    "EdgeChunk",
+    "EdgeStore",
+    "EntityStore",
+    "EntityTypeInfo",
+    "bucket_dir",
+    "check_edges_import",
+    "chunk_range",
+    "entity_count_file",
+    "entity_names_file",
+    "has_manifest",
+    "index_dtype",
+    "read_manifest",
+    "write_edge_manifest",
+    "write_entity_store",
+]

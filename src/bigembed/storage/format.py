@@ -47,6 +47,11 @@ def index_dtype(max_value: int) -> np.dtype:
     return np.dtype(np.int32) if max_value <= INT32_MAX else np.dtype(np.int64)
 
 
+def has_manifest(path: Path) -> bool:
+    """Whether ``path`` holds a store manifest (an import wrote it; its content is unchecked)."""
+    return (path / MANIFEST).exists()
+
+
 def read_manifest(path: Path, expected_format: str) -> dict[str, Any]:
     """Read and check ``path/manifest.json``; any problem is an InputError naming the path."""
     what = "entity store" if expected_format == ENTITY_FORMAT else "edge store"

@@ -25,16 +25,15 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from bigembed.buckets.batching import make_batches
+from bigembed.buckets.geometry import PartitionKey
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.train.batching import make_batches
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_guard import worker_entry
 
 logger = logging.getLogger(__name__)
-
-PartitionKey = tuple[str, int]
 
 
 @dataclass

@@ -20,13 +20,12 @@ from typing import Protocol
 
 import torch
 
+from bigembed.buckets.geometry import PartitionKey
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
-
-PartitionKey = tuple[str, int]
 
 
 def _seed_for(seed: int, etype: str, part: int) -> int:

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 from bigembed.atomic import atomic_write_bytes
+from bigembed.train.records import TrainingLog
 
 
-def plot_training(records: list[dict[str, Any]], output: Path) -> None:
+def plot_training(log: TrainingLog, output: Path) -> None:
+    """Draw ``log``'s curves as a PNG at ``output`` (written atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in records if r.get("type") == "step"]
-    buckets = [r for r in records if r.get("type") == "bucket"]
-    has_eval = any("eval_stats_after" in r for r in steps)
+    steps, buckets = log.steps, log.buckets
+    evaluated = [s for s in steps if s.eval_after is not None]
+    has_eval = bool(evaluated)
     fig, axes = plt.subplots(
         1, 2 if has_eval else 1, figsize=(12 if has_eval else 7, 4.5), squeeze=False
     )
@@ -25,7 +26,7 @@ def plot_training(records: list[dict[str, Any]], output: Path) -> None:
     if buckets:
         ax.plot(
             range(1, len(buckets) + 1),
-            [b["stats"]["loss"] for b in buckets],
+            [b.stats.loss for b in buckets],
             lw=0.8,
             alpha=0.5,
             label="per bucket",
@@ -34,9 +35,9 @@ def plot_training(records: list[dict[str, Any]], output: Path) -> None:
         per_step_x = []
         n = 0
         for s in steps:
-            n += sum(1 for b in buckets if b["version"] == s["version"])
-            per_step_x.append(n if buckets else s["version"])
-        ax.plot(per_step_x, [s["stats"]["loss"] for s in steps], "o-", label="per step")
+            n += sum(1 for b in buckets if b.at.version == s.at.version)
+            per_step_x.append(n if buckets else s.at.version)
+        ax.plot(per_step_x, [s.stats.loss for s in steps], "o-", label="per step")
     ax.set_xlabel("bucket trained" if buckets else "step")
     ax.set_ylabel("training loss per edge")
     ax.set_title("Training loss")
@@ -44,17 +45,18 @@ def plot_training(records: list[dict[str, Any]], output: Path) -> None:
     ax.legend()
     if has_eval:
         ax = axes[0][1]
-        xs = [s["version"] for s in steps if "eval_stats_after" in s]
+        xs = [s.at.version for s in evaluated]
         for key in ("mrr", "hits@1", "hits@10"):
             ax.plot(
                 xs,
-                [s["eval_stats_after"][key] for s in steps if "eval_stats_after" in s],
+                [s.eval_after[key] for s in evaluated if s.eval_after is not None],
                 "o-",
                 label=f"{key} after",
             )
+        before = [s for s in steps if s.eval_before is not None]
         ax.plot(
-            xs,
-            [s["eval_stats_before"]["mrr"] for s in steps if "eval_stats_before" in s],
+            [s.at.version for s in before],
+            [s.eval_before["mrr"] for s in before if s.eval_before is not None],
             "x--",
             label="mrr before",
         )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from bigembed.buckets.batching import Batch
+from bigembed.buckets.gather import gather_side
 from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
-from bigembed.train.batching import Batch
 from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
 
 
@@ -27,7 +28,6 @@ class StepStats:
     violators_lhs: int = 0
     violators_rhs: int = 0
     count: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: StepStats) -> None:
         self.loss += other.loss
@@ -35,52 +35,6 @@ class StepStats:
         self.violators_lhs += other.violators_lhs
         self.violators_rhs += other.violators_rhs
         self.count += other.count
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "loss": self.loss,
-            "reg": self.reg,
-            "violators_lhs": self.violators_lhs,
-            "violators_rhs": self.violators_rhs,
-            "count": self.count,
-        }
-
-
-def _gather(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool = True) -> Tensor:
-    """Copy rows out of ``table`` as a leaf tensor.
-
-    With ``max_norm`` the rows are renormalised in place first (the semantics of an embedding
-    lookup with ``max_norm``).
-    """
-    rows = table.index_select(0, idx)
-    if max_norm is not None:
-        norms = rows.norm(dim=1, keepdim=True)
-        rows.mul_((max_norm / norms.clamp_min(1e-7)).clamp_max(1.0))
-        table.index_copy_(0, idx, rows)
-    return rows.requires_grad_(grad)
-
-
-def gather_side(
-    table: Table,
-    idx: Tensor,
-    negs: NegativeSettings,
-    all_negs: bool,
-    gen: torch.Generator,
-    max_norm: float | None,
-    grad: bool = True,
-) -> tuple[SideEmbeddings, Tensor | None]:
-    """Gather a side's positives and its negatives; returns them and the uniform draw's indices."""
-    pos = _gather(table.emb, idx, max_norm, grad)
-    n = table.emb.shape[0]
-    groups = negs.uniform_groups(idx.shape[0])
-    uniform = uidx = whole = None
-    if all_negs:
-        whole = _gather(table.emb, torch.arange(n), max_norm, grad)
-    elif groups > 0:
-        uidx = torch.randint(n, (groups * negs.num_uniform_negs,), generator=gen)
-        uniform = _gather(table.emb, uidx, max_norm, False).view(groups, negs.num_uniform_negs, -1)
-        uniform.requires_grad_(grad)
-    return SideEmbeddings(pos, idx, uniform, whole), uidx
 
 
 class BatchTrainer:
@@ -102,17 +56,17 @@ class BatchTrainer:
         self.lr = lr
         self.relation_lr = relation_lr
         self.gen = generator
-        self.max_norm = model.config.max_norm
+        self.max_norm = model.spec.max_norm
 
     def step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
         model = self.model
-        rcfg = model.relation_config(batch.relation_idx)
+        rcfg = model.relation_spec(batch.relation_idx)
         all_negs = bool(rcfg.all_negs)
         lhs_side, lhs_uidx = gather_side(
-            lhs, batch.lhs, self.negs, all_negs, self.gen, self.max_norm
+            lhs.emb, batch.lhs, self.negs, all_negs, self.gen, self.max_norm
         )
         rhs_side, rhs_uidx = gather_side(
-            rhs, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
+            rhs.emb, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
         )
         scores = model(
             lhs_side,

@@ -1,4 +1,4 @@
-"""Cutting a worker's share of an edge chunk into training batches.
+"""Cutting edges of one bucket into batches (a worker's share in training, or edges to rank).
 
 Dynamic relations: contiguous batches of mixed relation types. Otherwise each batch holds one
 relation type: pick a type with probability proportional to its edges left, take up to

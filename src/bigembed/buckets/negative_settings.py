@@ -1,4 +1,4 @@
-"""Training settings derived from the config."""
+"""The negative counts a config asks for, in training or in evaluation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from bigembed.model.scoring import NegativeSettings
 
 
 def negative_settings(cfg: ConfigSchema, for_eval: bool = False) -> NegativeSettings:
+    """Training's negatives, or with ``for_eval`` the ``eval_num_*`` overrides where set."""
     batch_negs = cfg.num_batch_negs
     uniform = cfg.num_uniform_negs
     if for_eval:

@@ -1,0 +1,11 @@
+"""What training and evaluation share about buckets, below both (neither imports the other).
+
+* :mod:`~bigembed.buckets.geometry`: the one :data:`PartitionKey` and :data:`Bucket` types,
+  which partitions a bucket's relations use, how many edges each bucket has in a chunk;
+* :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches;
+* :mod:`~bigembed.buckets.gather`: gathering a batch's embedding rows and its negatives;
+* :mod:`~bigembed.buckets.negative_settings`: the negative counts a config asks for;
+* :mod:`~bigembed.buckets.sampled_ranking`: scoring edges against sampled negatives, as the
+  withheld-edge eval of training and the ``sampled`` protocol of ``bigembed eval`` both do;
+* :mod:`~bigembed.buckets.metrics`: ranks from scores and the ranking metrics.
+"""

@@ -1,0 +1,134 @@
+"""What a training run works on: the checked graph, its partitions and chunks, and the model.
+
+:class:`TrainingJob` opens the imported graph and checks it against the config
+(:func:`check_graph`) and says how many edge chunks a step has and which partitions exist
+(bucket geometry itself is :mod:`bigembed.buckets.geometry`). :class:`ModelState` is the scoring
+model with its Adagrad state, as saved in and restored from checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bigembed.buckets.geometry import PartitionKey
+from bigembed.config import ConfigSchema, model_spec
+from bigembed.errors import CheckpointError, ConfigError
+from bigembed.model.scoring import ScoringModel
+from bigembed.storage import EdgeStore, EntityStore, check_edges_import
+
+
+def check_graph(cfg: ConfigSchema, entities: EntityStore, edge_stores: list[EdgeStore]) -> None:
+    """Refuse a graph that is not the one the config describes (one line naming the key)."""
+    check_edges_import(entities, *edge_stores)
+    for etype in {t for r in cfg.relations for t in (r.lhs, r.rhs)}:
+        if etype not in entities.entity_types:
+            raise ConfigError(
+                f"entity type '{etype}' is not in the imported graph at {cfg.entity_path} "
+                f"(it has: {', '.join(sorted(entities.entity_types))}); "
+                "re-run bigembed import"
+            )
+        want = cfg.entities[etype].num_partitions
+        have = entities.num_partitions(etype)
+        if want != have:
+            raise ConfigError(
+                f"entities.{etype}.num_partitions: config says {want} but the graph at "
+                f"{cfg.entity_path} was imported with {have}; re-run bigembed import"
+            )
+    if cfg.dynamic_relations and entities.num_relations <= 0:
+        raise ConfigError(f"{cfg.entity_path}: no relation types found for dynamic relations")
+
+
+class TrainingJob:
+    """The config and the imported graph it trains on, checked against each other."""
+
+    def __init__(self, cfg: ConfigSchema) -> None:
+        self.cfg = cfg
+        self.entities = EntityStore(cfg.entity_path)
+        self.edge_stores = [EdgeStore(p) for p in cfg.edge_paths]
+        check_graph(cfg, self.entities, self.edge_stores)
+        self.num_chunks = self._num_chunks()
+        self.num_relations = (
+            self.entities.num_relations if cfg.dynamic_relations else len(cfg.relations)
+        )
+
+    @property
+    def import_id(self) -> str | None:
+        """Which import of the entity path this run trains on (None: imported before ids)."""
+        return self.entities.import_id
+
+    @property
+    def num_steps(self) -> int:
+        return self.cfg.num_epochs * len(self.cfg.edge_paths) * self.num_chunks
+
+    def _num_chunks(self) -> int:
+        if self.cfg.num_edge_chunks is not None:
+            return self.cfg.num_edge_chunks
+        biggest = max(
+            (s.num_edges(i, j) for s in self.edge_stores for (i, j) in s.buckets()), default=0
+        )
+        return max(1, math.ceil(biggest / self.cfg.max_edges_per_chunk))
+
+    # ------------------------------------------------------------------ partitions
+    def partition_counts(self) -> dict[PartitionKey, int]:
+        return {
+            (t, p): self.entities.count(t, p)
+            for t in self.entities.entity_types
+            if t in self.cfg.entities
+            for p in range(self.entities.num_partitions(t))
+        }
+
+    def dimensions(self) -> dict[str, int]:
+        return {t: self.cfg.entity_dimension(t) for t in self.cfg.entities}
+
+    def unpartitioned(self, counts: dict[PartitionKey, int]) -> list[PartitionKey]:
+        """The keys of the unpartitioned types: every bucket needs them, they stay resident."""
+        return [
+            (t, 0)
+            for t in self.cfg.entities
+            if self.cfg.entities[t].num_partitions == 1 and (t, 0) in counts
+        ]
+
+
+@dataclass
+class ModelState:
+    """The scoring model (relation operators, global embeddings) and its Adagrad state."""
+
+    model: ScoringModel
+    adagrad: list[Tensor]
+
+    @classmethod
+    def build(cls, job: TrainingJob) -> ModelState:
+        cfg = job.cfg
+        model = ScoringModel(model_spec(cfg, job.num_relations))
+        return cls(model, [torch.zeros_like(p) for p in model.parameters()])
+
+    def move_to_shared_memory(self) -> None:
+        """For Hogwild workers (and the parameter sharer): do it before anyone holds views,
+        ``share_memory_`` moves the storage."""
+        self.model.share_memory()
+        for s in self.adagrad:
+            s.share_memory_()
+
+    def payload(self) -> dict[str, Any]:
+        """A copy to save in a checkpoint."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": [s.clone() for s in self.adagrad],
+        }
+
+    def restore(self, payload: dict[str, Any], source: object) -> None:
+        """Load a checkpoint's payload; ``"optimizer": None`` keeps the Adagrad state at zero."""
+        try:
+            self.model.load_state_dict(payload["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{source}: model parameters do not fit this config: {exc}"
+            ) from None
+        if payload.get("optimizer"):
+            for state, saved in zip(self.adagrad, payload["optimizer"], strict=True):
+                state.copy_(saved)

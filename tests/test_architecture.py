@@ -1,0 +1,188 @@
+"""The layers of docs/ARCHITECTURE.md hold: no package imports a higher layer.
+
+The contracts live in pyproject.toml (``[tool.importlinter]``) and are checked by import-linter's
+``lint-imports``. To show they can fail, the same contracts are run over a stand-in package
+``bigembed`` (empty modules, one per layer) built in a temporary directory, once clean and once
+with a lower layer importing a higher one. A second check keeps other packages on the public
+API of ``bigembed.storage`` and ``bigembed.edgelists`` (names in their ``__all__``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "bigembed"
+LINT_IMPORTS = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which(
+    "lint-imports"
+)
+needs_linter = pytest.mark.skipif(LINT_IMPORTS is None, reason="import-linter not installed")
+
+
+def _lint(
+    cwd: Path, *, config: Path, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    assert LINT_IMPORTS is not None
+    return subprocess.run(
+        [LINT_IMPORTS, "--config", str(config), "--no-cache", "--no-logo"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _contracts() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def _layer_modules(layers: list[str]) -> list[str]:
+    """Module tails of every layer entry ('a | b', 'a : b', '(optional)')."""
+    out = []
+    for layer in layers:
+        for part in re.split(r"[|:]", layer):
+            out.append(part.strip().strip("()"))
+    return out
+
+
+def _fake_bigembed(root: Path, violation: tuple[str, str] | None) -> None:
+    """An empty ``bigembed`` package with one subpackage per layer module; ``violation``
+    (importer, imported) adds one import between two of them."""
+    layers = next(c for c in _contracts()["contracts"] if c["type"] == "layers")["layers"]
+    pkg = root / "bigembed"
+    pkg.mkdir()
+    # like the real root: a lazy import of bigembed.query (exempt through ignore_imports)
+    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.query\n")
+    for name in _layer_modules(layers):
+        sub = pkg / name
+        sub.mkdir()
+        (sub / "__init__.py").write_text("")
+    if violation is not None:
+        importer, imported = violation
+        (pkg / importer / "core.py").write_text(f"import bigembed.{imported}.inner\n")
+        (pkg / imported / "inner.py").write_text("")
+
+
+@needs_linter
+def test_bigembed_keeps_its_layers() -> None:
+    result = _lint(ROOT, config=ROOT / "pyproject.toml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_linter
+@pytest.mark.parametrize(
+    ("importer", "imported", "contract"),
+    [
+        ("storage", "train", "bigembed layers"),  # the lowest data layer reaching up
+        ("model", "config", "bigembed layers"),  # the model must not read the job config
+        ("train", "eval", "train and eval are independent"),
+        ("eval", "train", "train and eval are independent"),
+        ("query", "export", "bigembed layers"),  # independent siblings
+    ],
+)
+def test_the_contracts_catch_a_violation(
+    tmp_path: Path, importer: str, imported: str, contract: str
+) -> None:
+    config = tmp_path / "pyproject.toml"
+    shutil.copy(ROOT / "pyproject.toml", config)
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    _fake_bigembed(clean, None)
+    result = _lint(clean, config=config, pythonpath=clean)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    _fake_bigembed(broken, (importer, imported))
+    result = _lint(broken, config=config, pythonpath=broken)
+    assert result.returncode != 0, result.stdout
+    broken_part = result.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken_part
+    assert f"bigembed.{importer}.core -> bigembed.{imported}.inner" in broken_part
+
+
+# ----------------------------------------------------------------- public APIs of packages
+PUBLIC_API_PACKAGES = ("storage", "edgelists")
+
+
+def _exported(package: str) -> set[str]:
+    tree = ast.parse((SRC / package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def _private_uses(source: str, own: str, name: str) -> list[str]:
+    """``name:line: what`` for each import of another package's internals in ``source``
+    (a module of package ``own``)."""
+    problems = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [(node.module, [a.name for a in node.names])]
+        elif isinstance(node, ast.Import):
+            modules = [(a.name, []) for a in node.names]
+        else:
+            continue
+        for module, names in modules:
+            parts = module.split(".")
+            if parts[0] != "bigembed" or len(parts) < 2:
+                continue
+            package = parts[1]
+            if package not in PUBLIC_API_PACKAGES or package == own:
+                continue
+            where = f"{name}:{node.lineno}"
+            if len(parts) > 2:
+                problems.append(f"{where}: imports {module} (use bigembed.{package})")
+                continue
+            for imported in names:
+                if imported not in _exported(package):
+                    problems.append(f"{where}: {imported} is not in bigembed.{package}.__all__")
+    return problems
+
+
+def test_other_packages_use_the_public_storage_and_edgelists_api() -> None:
+    assert _exported("storage") and _exported("edgelists")
+    problems = []
+    for path in sorted(SRC.rglob("*.py")):
+        own = path.relative_to(SRC).parts[0]
+        problems += _private_uses(path.read_text(), own, str(path.relative_to(ROOT)))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_public_api_check_catches_internal_imports() -> None:
+    """The scan flags a submodule import and a name missing from ``__all__``, not the rest."""
+    source = (
+        "from bigembed.storage.format import MANIFEST\n"
+        "from bigembed.edgelists import InputFile, _EXTENSIONS\n"
+        "from bigembed.storage import EntityStore\n"
+        "from bigembed.storage.edges import EdgeStore\n"
+    )
+    problems = _private_uses(source, "eval", "probe.py")
+    assert problems == [
+        "probe.py:1: imports bigembed.storage.format (use bigembed.storage)",
+        "probe.py:2: _EXTENSIONS is not in bigembed.edgelists.__all__",
+        "probe.py:4: imports bigembed.storage.edges (use bigembed.storage)",
+    ]
+    assert _private_uses(source, "storage", "probe.py") == [
+        "probe.py:2: _EXTENSIONS is not in bigembed.edgelists.__all__"
+    ]
