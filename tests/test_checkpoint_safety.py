@@ -308,7 +308,7 @@ def test_out_of_memory_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     assert cli_main(["train", str(cfg_file)]) != 0
     assert "out of memory" in _one_line_error(capsys, "train")
 
-    def bug(cfg, progress=True):
+    def bug(cfg, progress=True, report=None):
         raise RuntimeError("a real bug")
 
     monkeypatch.setattr(loop, "train", bug)
