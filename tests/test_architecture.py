@@ -186,3 +186,17 @@ def test_the_public_api_check_catches_internal_imports() -> None:
     assert _private_uses(source, "storage", "probe.py") == [
         "probe.py:2: _EXTENSIONS is not in bigembed.edgelists.__all__"
     ]
+
+
+def test_hogwild_workers_do_not_load_the_stores() -> None:
+    """A spawned Hogwild worker imports only what a training step needs: pulling in the stores
+    (pyarrow) or the plotting stack costs ~40 MB of memory in every worker process."""
+    code = (
+        "import sys, bigembed.train.hogwild, bigembed.train.worker_guard\n"
+        "heavy = [m for m in ('pyarrow', 'matplotlib', 'h5py') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"worker processes import {out}"

@@ -1,7 +1,9 @@
 """What training and evaluation share about buckets, below both (neither imports the other).
 
-* :mod:`~bigembed.buckets.geometry`: the one :data:`PartitionKey` and :data:`Bucket` types,
-  which partitions a bucket's relations use, how many edges each bucket has in a chunk;
+* :mod:`~bigembed.buckets.keys`: the one :data:`PartitionKey` and :data:`Bucket` types
+  (dependency-free, so worker processes stay small);
+* :mod:`~bigembed.buckets.geometry`: which partitions a bucket's relations use, how many edges
+  each bucket has in a chunk;
 * :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches;
 * :mod:`~bigembed.buckets.gather`: gathering a batch's embedding rows and its negatives;
 * :mod:`~bigembed.buckets.negative_settings`: the negative counts a config asks for;

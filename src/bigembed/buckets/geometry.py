@@ -1,26 +1,17 @@
-"""Bucket geometry: partition keys, buckets, and which partitions a bucket's relations use.
+"""Bucket geometry: which partitions a bucket's relations use, and its edges per chunk.
 
-A *partition key* ``(entity type, partition)`` names one table of embeddings. A *bucket*
-``(i, j)`` holds the edges whose lhs lies in partition ``i`` and rhs in partition ``j`` of their
-types. A relation whose lhs (rhs) type is unpartitioned uses that type's partition 0 in every
-bucket; with dynamic relations every relation shares the first relation's types.
+The key types themselves are in :mod:`bigembed.buckets.keys`. A relation whose lhs (rhs) type
+is unpartitioned uses that type's partition 0 in every bucket; with dynamic relations every
+relation shares the first relation's types.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Literal
 
+from bigembed.buckets.keys import Bucket, BucketSides
 from bigembed.config import ConfigSchema
 from bigembed.storage import EdgeStore, chunk_range
-
-PartitionKey: TypeAlias = tuple[str, int]
-"""(entity type, partition index)."""
-
-Bucket: TypeAlias = tuple[int, int]
-"""(lhs partition, rhs partition)."""
-
-BucketSides: TypeAlias = list[tuple[PartitionKey, PartitionKey]]
-"""Per relation index: the (lhs, rhs) partition keys a bucket uses."""
 
 
 def partitions_per_side(cfg: ConfigSchema, side: Literal["lhs", "rhs"]) -> int:

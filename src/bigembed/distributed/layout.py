@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigembed.buckets.geometry import PartitionKey
+from bigembed.buckets.keys import PartitionKey
 from bigembed.config import ConfigSchema
 from bigembed.errors import ConfigError
 

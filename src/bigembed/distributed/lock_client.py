@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
-from bigembed.buckets.geometry import Bucket, PartitionKey
+from bigembed.buckets.keys import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.lock_server import CHANNEL
 from bigembed.distributed.rpc import RpcClient

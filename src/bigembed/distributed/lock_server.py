@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
-from bigembed.buckets.geometry import Bucket, PartitionKey
+from bigembed.buckets.keys import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.rpc import Message, RpcServer
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from bigembed.buckets.geometry import PartitionKey
+from bigembed.buckets.keys import PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import Message, RpcClient, RpcServer

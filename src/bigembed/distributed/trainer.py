@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.buckets.geometry import Bucket, bucket_sides, chunk_sizes
+from bigembed.buckets.geometry import bucket_sides, chunk_sizes
+from bigembed.buckets.keys import Bucket
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.distributed.auth import BadMac, Session, seal, unseal

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bigembed.buckets.geometry import PartitionKey, bucket_sides
+from bigembed.buckets.geometry import bucket_sides
+from bigembed.buckets.keys import PartitionKey
 from bigembed.buckets.sampled_ranking import score_batches
 from bigembed.checkpoints.tables import EntityTables
 from bigembed.eval.ranking import EvalEdges, RankingResult, SideRanks

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from bigembed.buckets.batching import make_batches
-from bigembed.buckets.geometry import PartitionKey
+from bigembed.buckets.keys import PartitionKey
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.train.malloc_tuning import keep_freed_memory

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bigembed.buckets.geometry import PartitionKey
+from bigembed.buckets.keys import PartitionKey
 from bigembed.config import ConfigSchema, model_spec
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.model.scoring import ScoringModel

@@ -28,7 +28,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from bigembed.buckets.geometry import Bucket, bucket_sides, chunk_sizes, partitions_per_side
+from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
+from bigembed.buckets.keys import Bucket
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema

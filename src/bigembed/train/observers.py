@@ -16,7 +16,7 @@ from typing import Protocol
 from torch import Tensor
 from tqdm import tqdm
 
-from bigembed.buckets.geometry import Bucket, BucketSides, PartitionKey
+from bigembed.buckets.keys import Bucket, BucketSides, PartitionKey
 from bigembed.buckets.metrics import RankingSums
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.buckets.sampled_ranking import evaluate_edges

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from bigembed.buckets.geometry import PartitionKey
+from bigembed.buckets.keys import PartitionKey
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
 from bigembed.train.step import Table
