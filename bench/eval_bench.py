@@ -151,6 +151,7 @@ def command(ckpt: Path, cfg, work: Path, out: Path) -> float:
             "--no-progress",
             "--output",
             str(out),
+            "--force",  # the report of the previous repeat is replaced
         ),
         check=True,
         cwd=ROOT,
