@@ -1,7 +1,7 @@
 """What training and evaluation share about buckets, below both (neither imports the other).
 
-* :mod:`~bigembed.buckets.keys`: the one :data:`PartitionKey` and :data:`Bucket` types
-  (dependency-free, so worker processes stay small);
+The key types (``PartitionKey``, ``Bucket``) live at the bottom, in :mod:`bigembed.partition_keys`.
+
 * :mod:`~bigembed.buckets.geometry`: which partitions a bucket's relations use, how many edges
   each bucket has in a chunk;
 * :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches;

@@ -1,6 +1,6 @@
 """Bucket geometry: which partitions a bucket's relations use, and its edges per chunk.
 
-The key types themselves are in :mod:`bigembed.buckets.keys`. A relation whose lhs (rhs) type
+The key types themselves are in :mod:`bigembed.partition_keys`. A relation whose lhs (rhs) type
 is unpartitioned uses that type's partition 0 in every bucket; with dynamic relations every
 relation shares the first relation's types.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from bigembed.buckets.keys import Bucket, BucketSides
 from bigembed.config import ConfigSchema
+from bigembed.partition_keys import Bucket, BucketSides
 from bigembed.storage import EdgeStore, chunk_range
 
 

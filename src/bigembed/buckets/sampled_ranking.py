@@ -18,9 +18,9 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch, make_batches
 from bigembed.buckets.gather import gather_side
-from bigembed.buckets.keys import BucketSides, PartitionKey
 from bigembed.buckets.metrics import RankingSums, auc_from_scores, ranks_from_scores
 from bigembed.model.scoring import BatchScores, NegativeSettings, ScoringModel
+from bigembed.partition_keys import BucketSides, PartitionKey
 
 
 class EmbeddingTable(Protocol):

@@ -24,10 +24,11 @@ from typing import Any
 
 from bigembed import __version__
 from bigembed.errors import CheckpointError
+from bigembed.partition_keys import PartitionKey
 
 FORMAT_VERSION = 1
 
-PartitionCounts = dict[tuple[str, int], int]
+PartitionCounts = dict[PartitionKey, int]
 
 
 def check_same_import(
@@ -54,7 +55,7 @@ def partition_key_text(entity_type: str, part: int) -> str:
     return f"{entity_type}_{part}"
 
 
-def parse_partition_key(text: str) -> tuple[str, int] | None:
+def parse_partition_key(text: str) -> PartitionKey | None:
     """``"{type}_{part}"`` back to ``(type, part)``; None if it is not of that form.
 
     The part is the decimal integer after the *last* ``_``: entity type names may themselves

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from bigembed.checkpoints.reading import TrainedModel
+from bigembed.partition_keys import PartitionKey
 
 DEFAULT_CACHE_BYTES = 2 << 30
 
@@ -32,7 +33,7 @@ class EntityTables:
         self.trained = trained
         self.max_bytes = max_bytes
         self.max_norm = trained.config.max_norm
-        self._cache: OrderedDict[tuple[str, int], Tensor] = OrderedDict()
+        self._cache: OrderedDict[PartitionKey, Tensor] = OrderedDict()
         self._bytes = 0
         self.bytes_read = 0
 

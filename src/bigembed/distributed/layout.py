@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigembed.buckets.keys import PartitionKey
 from bigembed.config import ConfigSchema
 from bigembed.errors import ConfigError
+from bigembed.partition_keys import PartitionKey
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
-from bigembed.buckets.keys import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.lock_server import CHANNEL
 from bigembed.distributed.rpc import RpcClient
+from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.iteration import Iteration
 from bigembed.train.partitions import PartitionStore
 

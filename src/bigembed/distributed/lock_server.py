@@ -33,9 +33,9 @@ from typing import Any, TextIO
 
 import torch.distributed as dist
 
-from bigembed.buckets.keys import Bucket, PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.rpc import Message, RpcServer
+from bigembed.partition_keys import Bucket, PartitionKey
 
 logger = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from bigembed.buckets.keys import PartitionKey
 from bigembed.distributed.auth import Session
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import Message, RpcClient, RpcServer
 from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError
+from bigembed.partition_keys import PartitionKey
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes
-from bigembed.buckets.keys import Bucket
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.distributed.auth import BadMac, Session, seal, unseal
@@ -52,6 +51,7 @@ from bigembed.distributed.partition_server import PartitionClient, PartitionServ
 from bigembed.distributed.sharer import Sharer
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
+from bigembed.partition_keys import Bucket
 from bigembed.train.iteration import Iteration, iterations
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers

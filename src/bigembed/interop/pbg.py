@@ -38,9 +38,16 @@ from bigembed.model.pbg_names import from_pbg as public_to_key
 from bigembed.model.pbg_names import to_pbg as key_to_public
 from bigembed.model.scoring import ScoringModel
 from bigembed.output_paths import check_replaceable, refuse_overlap
+from bigembed.partition_keys import PartitionKey
 from bigembed.storage import write_entity_store
 
-BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
+BIGEMBED_ONLY_KEYS = (
+    "seed",
+    "compute_dtype",
+    "uniform_negs_group",
+    "distributed_timeout",
+    "communication",
+)
 SIDE_CONFIG = "bigembed_config.json"
 PBG_FORMAT_VERSION = 1
 
@@ -217,7 +224,7 @@ def from_pbg(
     cfg = _pbg_config(src, version, out_ent, out_ck, h5py)
 
     names: dict[str, list[pa.Array]] = {}
-    counts: dict[tuple[str, int], int] = {}
+    counts: dict[PartitionKey, int] = {}
     for etype, ent in cfg.entities.items():
         names[etype] = []
         for part in range(ent.num_partitions):
@@ -264,7 +271,7 @@ def from_pbg(
             f"{model_path}: parameters do not fit the config: {' '.join(str(exc).split())}"
         ) from None
 
-    embeddings: dict[tuple[str, int], np.ndarray] = {}
+    embeddings: dict[PartitionKey, np.ndarray] = {}
     for (etype, part), count in counts.items():
         path = src / f"embeddings_{etype}_{part}.v{version}.h5"
         with _open_h5(h5py, path) as f:

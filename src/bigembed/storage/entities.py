@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bigembed.errors import InputError
+from bigembed.partition_keys import PartitionKey
 from bigembed.storage.format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
@@ -71,7 +72,7 @@ class EntityStore:
         for name, info in self._types.items():
             if len(info.counts) != info.num_partitions:
                 raise manifest_error(self.path, f"entity type {name!r}: counts/partitions mismatch")
-        self._name_cache: dict[tuple[str, int], pa.Array] = {}
+        self._name_cache: dict[PartitionKey, pa.Array] = {}
 
     # ---- shape
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from bigembed.buckets.keys import Bucket
+from bigembed.partition_keys import Bucket
 
 
 def _layers(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[list[Bucket]]:

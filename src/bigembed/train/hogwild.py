@@ -26,9 +26,9 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from bigembed.buckets.batching import make_batches
-from bigembed.buckets.keys import PartitionKey
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.partition_keys import PartitionKey
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_guard import worker_entry

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bigembed.buckets.keys import PartitionKey
 from bigembed.config import ConfigSchema, model_spec
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.model.scoring import ScoringModel
+from bigembed.partition_keys import PartitionKey
 from bigembed.storage import EdgeStore, EntityStore, check_edges_import
 
 

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
-from bigembed.buckets.keys import Bucket
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
+from bigembed.partition_keys import Bucket
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup

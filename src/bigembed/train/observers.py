@@ -16,12 +16,12 @@ from typing import Protocol
 from torch import Tensor
 from tqdm import tqdm
 
-from bigembed.buckets.keys import Bucket, BucketSides, PartitionKey
 from bigembed.buckets.metrics import RankingSums
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.buckets.sampled_ranking import evaluate_edges
 from bigembed.config import ConfigSchema
 from bigembed.model.scoring import ScoringModel
+from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
 from bigembed.train.iteration import Iteration, mix_seed
 from bigembed.train.records import BucketRecord, StepRecord
 from bigembed.train.step import Table

@@ -20,9 +20,9 @@ from typing import Protocol
 
 import torch
 
-from bigembed.buckets.keys import PartitionKey
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
+from bigembed.partition_keys import PartitionKey
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 
 A *partition key* ``(entity type, partition)`` names one table of embeddings. A *bucket*
 ``(i, j)`` holds the edges whose lhs lies in partition ``i`` and rhs in partition ``j`` of their
-types. This module imports nothing: Hogwild workers, the servers and the partition store use
-these types without pulling in the config or the stores (and with them pyarrow, ~40 MB per
-worker process).
+types. This module imports nothing, so every layer can use it (it sits at the bottom, with
+``errors``), and Hogwild workers, the servers and the partition store use these types without
+pulling in the config or the stores (and with them pyarrow, ~40 MB per worker process).
 """
 
 from __future__ import annotations
