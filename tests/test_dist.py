@@ -104,7 +104,10 @@ def run(args: list[str], timeout: float = 120, **kw: Any) -> subprocess.Complete
     )
 
 
-def start_rank(cfg_path: Path, rank: int, port: int, *extra: str) -> subprocess.Popen[str]:
+def start_rank(
+    cfg_path: Path, rank: int, port: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Rank ``rank`` of a 2-trainer run on 127.0.0.1:``port`` (``env``: default ENV)."""
     return subprocess.Popen(
         [
             *CLI,
@@ -122,7 +125,7 @@ def start_rank(cfg_path: Path, rank: int, port: int, *extra: str) -> subprocess.
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=ENV,
+        env=ENV if env is None else env,
         start_new_session=True,
     )
 

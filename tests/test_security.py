@@ -34,6 +34,7 @@ from bigembed.distributed.rpc import RpcClient, RpcServer
 from bigembed.distributed.store import StoreAddress
 from bigembed.errors import ConfigError, PeerError
 from synthetic import graph_config, write_graph
+from test_dist import start_rank
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CLI = [sys.executable, "-m", "bigembed.cli"]
@@ -230,26 +231,7 @@ def _free_port() -> int:
 
 
 def _rank(cfg: Path, rank: int, port: int, env: dict[str, str], *extra: str):
-    return subprocess.Popen(
-        [
-            *CLI,
-            "train",
-            str(cfg),
-            "--rank",
-            str(rank),
-            "--no-progress",
-            "-p",
-            "num_machines=2",
-            "-p",
-            f"distributed_init_method=tcp://127.0.0.1:{port}",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    return start_rank(cfg, rank, port, *extra, env=env)
 
 
 def _connect(port: int) -> dist.Store:
