@@ -184,7 +184,8 @@ def test_defaults_match_pbg() -> None:
         "edge_paths",
         "checkpoint_path",
     }
-    assert set(ConfigSchema.model_fields) == set(PBG_DEFAULTS) | required
+    assert set(ConfigSchema.model_fields) == set(PBG_DEFAULTS) | required | {"communication"}
+    assert cfg.communication.precision == "fp32"
     assert set(EntitySchema.model_fields) == {"num_partitions", "featurized", "dimension"}
     assert set(RelationSchema.model_fields) == {
         "name",

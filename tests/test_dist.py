@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 from bigembed.checkpoints.store import CheckpointStore
+from bigembed.communication.param_server import ShardPlan
 from bigembed.config import config_to_dict
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
-from bigembed.distributed.param_server import ShardPlan
 from synthetic import graph_config, write_graph
 
 CLI = [sys.executable, "-m", "bigembed.cli"]

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
+from bigembed.communication.param_server import ParameterServer, ShardPlan, gather
+from bigembed.communication.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
 from bigembed.config import config_to_dict, model_spec
-from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
-from bigembed.distributed.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
 from bigembed.model.scoring import ScoringModel
 from bigembed.storage.edges import write_edge_manifest
 from bigembed.storage.entities import write_entity_store

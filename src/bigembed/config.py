@@ -11,9 +11,10 @@ in the direction of failing early with a clear message instead of crashing mid-r
   no feature bags); PBG's partition-server tuning keys are accepted and ignored, with a warning
   when changed. :data:`PBG_DIFFERENCES` lists every key that behaves differently.
 
-bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout`` (see their
-descriptions). Value parsing lives in :mod:`bigembed.config_types`; file reading, ``-p``
-overrides, error formatting and help text in :mod:`bigembed.config_loading`.
+bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout``,
+the ``communication`` section (see their descriptions). Value parsing lives in
+:mod:`bigembed.config_types`; file reading, ``-p`` overrides, error formatting and help text in
+:mod:`bigembed.config_loading`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ from bigembed.config_types import (
     Int,
     LossName,
     OperatorName,
+    PartitionPrecisionName,
+    PrecisionName,
     Regularizer,
+    StrategyName,
 )
 from bigembed.errors import ConfigError
 from bigembed.model.spec import ModelSpec, RelationSpec
@@ -107,7 +111,18 @@ PBG_DIFFERENCES: dict[str, str] = {
     "half_precision": "true is refused (use compute_dtype: bfloat16)",
 }
 #: Keys PBG does not have.
-BIGEMBED_ONLY_KEYS = ("seed", "compute_dtype", "uniform_negs_group", "distributed_timeout")
+BIGEMBED_ONLY_KEYS = (
+    "seed",
+    "compute_dtype",
+    "uniform_negs_group",
+    "distributed_timeout",
+    "communication",
+    "communication.strategy",
+    "communication.precision",
+    "communication.partition_precision",
+    "communication.sync_every",
+    "communication.sync_interval",
+)
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
@@ -178,6 +193,48 @@ class RelationSchema(BaseModel):
     )
 
     _norm = model_validator(mode="before")(_mixed_case_to_snake)
+
+
+class CommunicationSchema(BaseModel):
+    """bigembed only: what crosses the network in the distributed mode."""
+
+    model_config = _MODEL_CONFIG
+
+    strategy: StrategyName = Field(
+        default="async_ps",
+        description="bigembed only: how trainers keep the shared parameters in step. async_ps "
+        "(PBG's parameter servers: centralized, asynchronous), allreduce (centralized, "
+        "synchronous: everybody's changes summed every sync_every batches), "
+        "async_model_average (centralized, asynchronous: a background thread averages the "
+        "values), decentralized (synchronous: each round every trainer averages with one peer, "
+        "no server). See docs/distributed.md.",
+    )
+    precision: PrecisionName = Field(
+        default="fp32",
+        description="bigembed only: encoding of the shared parameters (relation operators, "
+        "global and unpartitioned embeddings, their Adagrad state) exchanged between "
+        "trainers: fp32 (exact), fp16, bf16 or int8 (chunk-wise, ~4x fewer bytes; lossy "
+        "codecs carry their error into the next message).",
+    )
+    partition_precision: PartitionPrecisionName = Field(
+        default="fp32",
+        description="bigembed only: how partitions travel between trainers and partition "
+        "servers: fp32 (exact) or compressed (the trainer receives a bf16 copy and sends back "
+        "its change as int8 with a per-row scale; the server keeps the exact fp32 master).",
+    )
+    sync_every: Int = Field(
+        default=16,
+        ge=1,
+        description="bigembed only: synchronous strategies (allreduce, decentralized): a "
+        "trainer's workers run at most this many batches (all workers together) before the "
+        "next round has merged them; they wait for it.",
+    )
+    sync_interval: float = Field(
+        default=0.01,
+        gt=0,
+        description="bigembed only: asynchronous strategies (async_ps, async_model_average): "
+        "the least seconds between two rounds of a trainer (PBG: 0.01, at most 100 per second).",
+    )
 
 
 class ConfigSchema(BaseModel):
@@ -393,6 +450,11 @@ class ConfigSchema(BaseModel):
         default=60.0,
         gt=0,
         description="bigembed only: seconds before a silent distributed peer is declared dead.",
+    )
+    communication: CommunicationSchema = Field(
+        default_factory=CommunicationSchema,
+        description="bigembed only: how the distributed mode communicates (strategy, "
+        "precisions: see the communication.* keys and docs/distributed.md).",
     )
 
     _norm = model_validator(mode="before")(_mixed_case_to_snake)
@@ -672,7 +734,12 @@ def config_from_args(args: argparse.Namespace) -> ConfigSchema:
 def config_keys() -> list[tuple[str, str, str, str]]:
     """(key, type, default, description) of every config key, in schema order."""
     return describe_keys(
-        [("", ConfigSchema), ("entities.TYPE.", EntitySchema), ("relations[i].", RelationSchema)]
+        [
+            ("", ConfigSchema),
+            ("entities.TYPE.", EntitySchema),
+            ("relations[i].", RelationSchema),
+            ("communication.", CommunicationSchema),
+        ]
     )
 
 

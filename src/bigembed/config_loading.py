@@ -527,6 +527,8 @@ def _default_text(default: Any) -> str:
         return "required"
     if default is None:
         return "null"
+    if isinstance(default, BaseModel):  # a section: its keys are listed with their defaults
+        return "(section)"
     if isinstance(default, bool):
         return str(default).lower()
     return str(default)
@@ -540,7 +542,7 @@ def describe_keys(
         (
             prefix + name,
             _field_type_name(field.annotation, field.metadata) + _constraints(field.metadata),
-            _default_text(field.default),
+            _default_text(field.get_default(call_default_factory=True)),
             field.description or "",
         )
         for prefix, model in sections

@@ -118,6 +118,15 @@ class OneOf:
         raise PydanticCustomError("choice", "Input should be {expected}", {"expected": expected})
 
 
+#: The precisions of ``communication.precision``: the one list, which
+#: :mod:`bigembed.communication` (above the config in the layers) implements and imports.
+PRECISION_NAMES: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+#: ``communication.strategy``: how shared parameters are kept in step (one class each in
+#: :mod:`bigembed.communication.strategies`, which imports this list).
+STRATEGY_NAMES: tuple[str, ...] = ("async_ps", "allreduce", "async_model_average", "decentralized")
+#: ``communication.partition_precision``: how partitions travel to and from partition servers.
+PARTITION_PRECISION_NAMES: tuple[str, ...] = ("fp32", "compressed")
+
 BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in"]
 
 #: Config value types named after what they hold (``OperatorName``: a name of an operator of
@@ -126,5 +135,8 @@ OperatorName = Annotated[str, OneOf(OPERATOR_NAMES)]
 ComparatorName = Annotated[str, OneOf(COMPARATOR_NAMES)]
 LossName = Annotated[str, OneOf(LOSS_NAMES)]
 ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPES)]
+PrecisionName = Annotated[str, OneOf(PRECISION_NAMES)]
+StrategyName = Annotated[str, OneOf(STRATEGY_NAMES)]
+PartitionPrecisionName = Annotated[str, OneOf(PARTITION_PRECISION_NAMES)]
 BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 Regularizer = Annotated[Literal["N3"], BeforeValidator(_n3)]

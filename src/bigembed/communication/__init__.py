@@ -3,9 +3,8 @@
 It sits below :mod:`bigembed.distributed` (which chooses when and to whom tensors travel) and
 knows nothing of ranks or process groups: it only turns tensors into what is sent and back.
 
-Status: the codecs are complete and tested, but the distributed trainer does not use them yet.
-Issue 10 wires them into the shared-parameter exchange and the partition transfers, with the
-config section ``communication:``; until then no config key selects them.
+``communication.precision`` (config) selects the codec of the shared-parameter exchange
+(:mod:`bigembed.communication.sharer`); partition transfers still travel in float32.
 """
 
 from bigembed.communication.codecs import (

@@ -36,8 +36,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
-"""The codec names: the one registry (the config's allowed values will be derived from it)."""
+from bigembed.config_types import PRECISION_NAMES
+
+PRECISIONS: tuple[str, ...] = PRECISION_NAMES
+"""The codec names: the config's list (``communication.precision``), which get_codec covers."""
 INT8_CHUNK = 1024
 _LEVELS = 255
 _FP16_MAX = float(torch.finfo(torch.float16).max)

@@ -8,8 +8,8 @@ machine does, from different parts:
 * swapped-out partitions go to the partition servers (the partition store's remote), or, with
   ``num_partition_servers: 0``, to the checkpoint directory on the shared disk, exactly as on
   one machine;
-* shared parameters are kept in step by the parameter servers and the sharer loop
-  (:class:`SharedParameterSync`);
+* shared parameters are kept in step by the configured communication strategy
+  (:class:`SharedParameterSync`; PBG's parameter servers by default);
 * each step ends with a cooperative checkpoint (:class:`CooperativeCheckpoints`): every trainer
   writes its share of partitions (``p mod M``), then rank 0 writes the unpartitioned embeddings,
   the model, the metadata and the merged stats and commits the version file last, with a
@@ -34,6 +34,8 @@ from torch import Tensor
 
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes
 from bigembed.checkpoints.store import CheckpointStore
+from bigembed.communication import get_codec
+from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
 from bigembed.config import ConfigSchema
 from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.context import DistContext
@@ -46,18 +48,17 @@ from bigembed.distributed.lock_server import (
     PassPlan,
     SideKeys,
 )
-from bigembed.distributed.param_server import ParameterServer, ShardPlan, gather
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
-from bigembed.distributed.sharer import Sharer
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
 from bigembed.partition_keys import Bucket
 from bigembed.train.iteration import Iteration, iterations
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
+from bigembed.train.observers import BucketWork, Observer
 from bigembed.train.partitions import PartitionStore
 from bigembed.train.policy import checkpoint_metadata, commit_with_stats, resume
-from bigembed.train.records import StepLog, merge_step_logs
+from bigembed.train.records import BucketRecord, StepLog, merge_step_logs
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
@@ -157,31 +158,46 @@ def start_lock_server(
     return server
 
 
-class SharedParameterSync:
-    """The parameter server this trainer hosts and the sharer loop that keeps the shared
-    parameters (model, Adagrad state, unpartitioned embeddings) in step across trainers."""
+#: Names (see SharedParameterSync._shared_tensors) of the Adagrad accumulators: kept >= 0.
+ACCUMULATOR_PREFIXES = ("adagrad/", "emb_state/")
+
+
+class SharedParameterSync(Observer):
+    """The shared parameters (model, Adagrad state, unpartitioned embeddings) kept in step
+    across trainers by the configured communication strategy
+    (:mod:`bigembed.communication.strategies`). It watches the loop as an observer only to
+    tell the strategy when buckets start and end (a synchronous strategy rounds up a bucket's
+    last batches when it ends); the strategy's gate, not the observer, holds workers back."""
 
     def __init__(self, ctx: DistContext, state: ModelState, partitions: PartitionStore) -> None:
-        """Broadcast rank 0's values to every trainer, then start both threads.
+        """Broadcast rank 0's values to every trainer, then start the strategy.
 
         The tensors must already be where they stay (shared memory, resident tables): the
-        sharer holds views of them."""
+        strategy holds views of them."""
         self.ctx = ctx
+        cfg = ctx.cfg
         names, tensors = self._shared_tensors(state, partitions)
         with torch.no_grad():  # every trainer starts from rank 0's values
             for t in tensors:
                 dist.broadcast(t.data, src=0, group=ctx.trainer_group)
-        trainers = ctx.layout.trainers
-        plan = ShardPlan(names, [t.numel() for t in tensors], trainers)
-        flat = [t.data.view(-1) for t in tensors]
-        self.param_server = ParameterServer(
-            ctx.rank, gather(flat, plan.segments[ctx.rank]), trainers, ctx.trainer_group, ctx.fail
+        accumulators = frozenset(
+            i for i, n in enumerate(names) if n.startswith(ACCUMULATOR_PREFIXES)
         )
-        self.param_server.start()
-        self.sharer = Sharer(
-            ctx.rank, plan, tensors, self.param_server, ctx.trainer_group, ctx.fail
+        comm = cfg.communication
+        env = StrategyEnv(
+            rank=ctx.rank,
+            trainers=ctx.layout.trainers,
+            group=ctx.trainer_group,
+            codec=get_codec(comm.precision),
+            workers=cfg.resolved_workers(),
+            sync_every=comm.sync_every,
+            sync_interval=comm.sync_interval,
+            on_error=ctx.fail,
         )
-        self.sharer.start()
+        self.strategy = make_strategy(
+            comm.strategy, env, SharedTensors(names, tensors, accumulators)
+        )
+        self.strategy.start()
 
     @staticmethod
     def _shared_tensors(
@@ -198,16 +214,38 @@ class SharedParameterSync:
             tensors += [table.emb, table.state]
         return names, tensors
 
+    # the strategy's bucket hooks
+    def bucket_started(self, work: BucketWork) -> None:
+        self.strategy.bucket_started()
+
+    def bucket_finished(self, work: BucketWork, record: BucketRecord) -> None:
+        self.strategy.bucket_finished()
+
     def flush(self) -> None:
-        """Send this trainer's pending updates and receive the merged values."""
+        """Send this trainer's pending changes to the others."""
+        self._call(self.strategy.flush)
+
+    def agree(self) -> None:
+        """After every trainer flushed: hold the values the checkpoint commits."""
+        self._call(self.strategy.agree)
+
+    def _call(self, hook: Callable[[float], None]) -> None:
         try:
-            self.sharer.flush(self.ctx.timeout * 2)
+            hook(self.ctx.timeout * 2)
         except TimeoutError as exc:
             raise PeerError(str(exc)) from None
 
     def stop(self) -> None:
-        self.sharer.stop()
-        self.param_server.join(timeout=self.ctx.timeout)
+        strategy = self.strategy
+        strategy.stop()
+        logger.info(
+            "shared parameters (%s, %s): %d rounds, %d bytes sent, %d bytes received",
+            strategy.name,
+            strategy.env.codec.name,
+            strategy.rounds,
+            strategy.bytes_sent,
+            strategy.bytes_received,
+        )
 
 
 class CooperativeCheckpoints:
@@ -238,7 +276,7 @@ class CooperativeCheckpoints:
         self.partitions = partitions
         self.sync.flush()  # push this trainer's last updates
         self.ctx.barrier(f"v{it.version}/trained")
-        self.sync.flush()  # pull everybody's
+        self.sync.agree()  # everybody's, agreed: what the checkpoint commits
         self._write_partition_share(partitions, it.version)
 
     def _write_partition_share(self, store: PartitionStore, version: int) -> None:
@@ -394,7 +432,8 @@ class DistributedTrainer:
             buckets=source,
             partitions=partitions,
             checkpoints=checkpoints,
-            observers=self.observers,
+            observers=[*self.observers, self.sync],
+            gate=self.sync.strategy.gate,
         )
         return loop.run(committed)
 
@@ -403,7 +442,7 @@ class DistributedTrainer:
         if self.partition_client is not None:
             total += self.partition_client.bytes_sent + self.partition_client.bytes_received
         if self.sync is not None:
-            total += self.sync.sharer.bytes_sent + self.sync.sharer.bytes_received
+            total += self.sync.strategy.wire_bytes()
         return total
 
     def shutdown(self) -> None:

@@ -46,6 +46,7 @@ BIGEMBED_ONLY_KEYS = (
     "compute_dtype",
     "uniform_negs_group",
     "distributed_timeout",
+    "communication",
 )
 SIDE_CONFIG = "bigembed_config.json"
 PBG_FORMAT_VERSION = 1

@@ -29,6 +29,7 @@ from bigembed.buckets.batching import make_batches
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
+from bigembed.train.batch_gate import BatchGate
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_guard import worker_entry
@@ -61,6 +62,7 @@ class WorkerSetup:
     relation_lr: float
     batch_size: int
     dynamic: bool
+    gate: BatchGate | None = None  # passed before every batch (synchronous strategies)
 
 
 def run_task(
@@ -68,8 +70,11 @@ def run_task(
     task: BucketTask,
     trainer: BatchTrainer,
     progress: Callable[[int, float], None],
+    slot: int = 0,
 ) -> StepStats:
-    """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch."""
+    """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch.
+
+    ``slot``: this worker's index (its counter in the setup's gate)."""
     if task.delay > 0:
         time.sleep(task.delay)
     sel = slice(task.start, task.end)
@@ -77,12 +82,17 @@ def run_task(
     trainer.gen.manual_seed(task.seed)
     rng = np.random.default_rng(task.seed)
     total = StepStats()
+    gate = setup.gate
     for batch in make_batches(
         task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
     ):
+        if gate is not None:
+            gate.wait_turn()
         lhs_key, rhs_key = task.sides[batch.relation_idx]
         stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key])
         total.add(stats)
+        if gate is not None:
+            gate.passed(slot)
         progress(stats.count, stats.loss)
     return total
 
@@ -114,7 +124,7 @@ def worker_main(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
             return
         reply: tuple[int, str, StepStats | str]  # (rank, "ok", stats) or (rank, "error", text)
         try:
-            reply = (rank, "ok", run_task(setup, task, trainer, progress))
+            reply = (rank, "ok", run_task(setup, task, trainer, progress, rank))
         except Exception:
             reply = (rank, "error", traceback.format_exc())
         # Drop the task's tables before replying: once the trainer has every reply it may evict

@@ -33,6 +33,7 @@ from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.partition_keys import Bucket
+from bigembed.train.batch_gate import BatchGate
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
@@ -109,7 +110,10 @@ class TrainingLoop:
         partitions: PartitionStore,
         checkpoints: CheckpointPolicy,
         observers: Sequence[TrainingObserver] = (),
+        gate: BatchGate | None = None,
     ) -> None:
+        """``gate``: passed by every worker before each batch (see
+        :mod:`bigembed.train.batch_gate`); its owner can hold training back."""
         self.job = job
         self.cfg = job.cfg
         self.state = state
@@ -117,6 +121,7 @@ class TrainingLoop:
         self.partitions = partitions
         self.checkpoints = checkpoints
         self.observers = Observers(observers)
+        self.gate = gate
 
     def run(self, start: int) -> TrainResult:
         cfg = self.cfg
@@ -130,6 +135,7 @@ class TrainingLoop:
             cfg.resolved_relation_lr(),
             cfg.batch_size,
             cfg.dynamic_relations,
+            self.gate,
         )
         pool = HogwildPool(setup, cfg.resolved_workers())
         started = time.perf_counter()

@@ -6,6 +6,19 @@ Each round, for every parameter server: take a snapshot of the segments it holds
 round is in flight are kept (they are neither in the snapshot nor overwritten), and the next
 delta carries them. Live tensors are touched through ``.data``, so autograd never sees it.
 
+With a lossy ``communication.precision`` the exchange with a remote server carries changes
+only, both ways: the delta is encoded with the codec and this trainer's error feedback (one per
+server and segment: :class:`~bigembed.communication.segment_stream.SegmentStream`, so a
+quantization chunk never mixes two tensors), and the server replies with its value's change
+since its previous reply to this trainer (encoded the same way with its own error feedback),
+which the trainer adds to ``last`` (its copy of the server's value). Both directions then cost
+the codec's bytes, and no error is lost: each side's residual goes out with its next message.
+The values a trainer holds still differ from the exact sums by up to one message's error, and
+for an Adagrad accumulator near 0 that error can be negative: the segments the plan marks
+``nonnegative`` are clamped at 0 after each round (the clamp is a change like any other, so
+the next delta carries it to the server). ``fp32`` keeps the exact exchange above (the merged
+value itself), bit for bit, and never clamps. The local server is always exact (no network).
+
 Rounds are throttled as PBG documents it: at most 100 per second, and at most 1 GB/s of traffic
 (:class:`Pacer`, which takes its clock as a parameter so tests can drive it).
 :meth:`Sharer.flush` waits for a round that starts after the call, which is how the end of a
@@ -22,7 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.distributed.param_server import (
+from bigembed.communication import Codec, get_codec
+from bigembed.communication.param_server import (
     OP_BYE,
     OP_PUSH_PULL,
     TAG_DELTA,
@@ -33,6 +47,7 @@ from bigembed.distributed.param_server import (
     gather,
     scatter_add,
 )
+from bigembed.communication.segment_stream import SegmentStream
 
 MAX_ROUNDS_PER_S = 100.0
 MAX_BYTES_PER_S = 1e9
@@ -58,6 +73,10 @@ class Pacer:
         return max(0.0, interval - (self.clock() - began))
 
 
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 class Sharer:
     def __init__(
         self,
@@ -71,8 +90,10 @@ class Sharer:
         max_bytes_per_s: float = MAX_BYTES_PER_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] | None = None,
+        codec: Codec | None = None,
     ) -> None:
         self.rank = rank
+        self.codec = codec or get_codec("fp32")
         self.plan = plan
         self.flat = [t.data.view(-1) for t in tensors]
         self.local = local
@@ -82,6 +103,15 @@ class Sharer:
         self._sleep = sleep or self._rest
         self.servers = plan.active_servers
         self.last = {s: gather(self.flat, plan.segments[s]) for s in self.servers}
+        self.lossy = not self.codec.lossless
+        remote = [s for s in self.servers if s != rank] if self.lossy else []
+        sizes = {s: [seg.size for seg in plan.segments[s]] for s in remote}
+        # lossy codecs: per remote server, the deltas sent and the replies received
+        self.outbox = {s: SegmentStream(self.codec, sizes[s]) for s in remote}
+        self.inbox = {s: SegmentStream(self.codec, sizes[s]) for s in remote}
+        self.clamped = [
+            seg for s in self.servers for seg in plan.segments[s] if seg.tensor in plan.nonnegative
+        ]
         self.bytes_sent = 0
         self.bytes_received = 0
         self.rounds = 0
@@ -111,22 +141,35 @@ class Sharer:
                 scatter_add(self.flat, segments, merged - snap)
                 self.last[server] = merged
                 continue
+            if self.lossy:
+                message = self.outbox[server].encode(delta)
+                reply = self.inbox[server].empty()
+            else:
+                message = self.codec.encode(delta).wire()
+                reply = self.codec.empty(delta.numel()).wire()
             dist.send(header, dst=server, group=self.group, tag=TAG_HEADER)
-            sent = dist.isend(delta, dst=server, group=self.group, tag=TAG_DELTA)
-            merged = torch.empty_like(delta)
-            received = dist.irecv(merged, src=server, group=self.group, tag=TAG_VALUE)
+            sent = dist.isend(message, dst=server, group=self.group, tag=TAG_DELTA)
+            received = dist.irecv(reply, src=server, group=self.group, tag=TAG_VALUE)
             # None only for a rank outside the group; every server and this rank are in it
             assert sent is not None and received is not None
-            pending.append((server, segments, snap, merged, sent, received))
-            self.bytes_sent += delta.numel() * 4
-            moved += delta.numel() * 4
-        for server, segments, snap, merged, sent, received in pending:
+            pending.append((server, segments, snap, reply, sent, received))
+            self.bytes_sent += _nbytes(message)
+            moved += _nbytes(message)
+        for server, segments, snap, reply, sent, received in pending:
             sent.wait()
             received.wait()
+            # lossy: the reply is the server value's change since its previous reply to us
+            merged = self.last[server] + self.inbox[server].decode(reply) if self.lossy else reply
             scatter_add(self.flat, segments, merged - snap)
             self.last[server] = merged
-            self.bytes_received += merged.numel() * 4
-            moved += merged.numel() * 4
+            self.bytes_received += _nbytes(reply)
+            moved += _nbytes(reply)
+        if self.lossy:
+            # An Adagrad accumulator is a sum of squares; its lossy copy may land a little
+            # below 0 near 0, and sqrt of a negative accumulator is NaN. Clamping is a change
+            # of the live tensor, so the next delta carries it to the server like any update.
+            for seg in self.clamped:
+                self.flat[seg.tensor][seg.start : seg.end].clamp_min_(0)
         self.rounds += 1
         return moved
 

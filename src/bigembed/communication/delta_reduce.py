@@ -1,0 +1,61 @@
+"""Everybody's changes since the last round, summed or averaged, applied to the live tensors.
+
+The data round of the ``allreduce`` (sum) and ``async_model_average`` (mean) strategies. After
+each round every trainer holds ``last``, the same agreed value (bit for bit: every trainer
+decodes the same bytes of each sum, see :class:`~bigembed.communication.primitives.ShardedReduce`);
+its live tensors hold ``last`` plus whatever its workers changed during the round, which the
+next round's delta carries (nothing the workers do while a round is in flight is lost).
+
+Averaging the deltas is averaging the models: every trainer started the round from ``last``,
+so the mean of their values is ``last`` plus the mean of their changes. Adagrad accumulators
+of the merged value are clamped at 0 on every trainer alike (a lossy sum near 0 can dip below
+it); the clamp is part of the agreed value, not a change anybody sends.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from bigembed.communication.param_server import ShardPlan, gather, scatter_add, scatter_copy
+from bigembed.communication.primitives import ShardedReduce
+from bigembed.communication.strategies.base import SharedTensors, StrategyEnv
+
+
+class DeltaReduce:
+    def __init__(self, env: StrategyEnv, shared: SharedTensors, *, mean: bool) -> None:
+        self.mean = mean
+        self.world = len(env.trainers)
+        self.flat = shared.flat
+        self.plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
+        self.reduce = ShardedReduce(env.rank, self.plan, env.codec, env.group, env.trainers)
+        self.owners = self.plan.active_servers
+        self.last = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
+
+    def round(self) -> None:
+        """A data round: the live tensors keep what the workers change meanwhile."""
+        self._round(assign=False)
+
+    def agree(self) -> None:
+        """A round while no worker trains (a checkpoint): every trainer ends with the agreed
+        values bit for bit (adding ``merged - snap`` to ``snap`` could round differently)."""
+        self._round(assign=True)
+
+    def _round(self, assign: bool) -> None:
+        snaps = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
+        sums = self.reduce.reduce({s: snaps[s] - self.last[s] for s in self.owners})
+        for s in self.owners:
+            change = sums[s] / self.world if self.mean else sums[s]
+            merged = self.last[s] + change
+            self._clamp(s, merged)
+            if assign:
+                scatter_copy(self.flat, self.plan.segments[s], merged)
+            else:
+                scatter_add(self.flat, self.plan.segments[s], merged - snaps[s])
+            self.last[s] = merged
+
+    def _clamp(self, owner: int, merged: Tensor) -> None:
+        offset = 0
+        for seg in self.plan.segments[owner]:
+            if seg.tensor in self.plan.nonnegative:
+                merged[offset : offset + seg.size].clamp_min_(0)
+            offset += seg.size

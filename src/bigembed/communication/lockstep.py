@@ -1,0 +1,182 @@
+"""The round thread of the collective strategies: every trainer runs round k together.
+
+Each trainer runs one thread. A round starts with a header every trainer sends every other
+(:func:`~bigembed.communication.primitives.flags_exchange`): its new batches since its last
+round, and whether it asks to flush, to agree or to stop. The summed header decides, the same
+way on every trainer, what the round does:
+
+* every trainer asks to stop: the round is the last one;
+* every trainer asks to agree: the strategy's agreement (``on_agree``), after which the
+  trainers hold the same values;
+* anybody has new batches or asks to flush: a data round (``on_data``);
+* otherwise nothing but the header (idle trainers do not ship unchanged parameters).
+
+When a trainer's thread enters a round:
+
+* gated (a synchronous strategy) while its workers train a bucket: once they have used their
+  budget of ``sync_every`` batches (they wait at the gate meanwhile), or the bucket ends;
+* otherwise: ``sync_interval`` seconds after its previous round started.
+
+A flush, agree or stop request cuts the wait short. A trainer that is not training keeps
+entering rounds, so a trainer whose workers wait at the gate never waits for an idle one. The
+budget after a round is the batch count at its start plus ``sync_every``: the workers never
+run more than ``sync_every`` batches (plus one per worker, see the gate) past the values the
+last completed round merged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from bigembed.communication.primitives import flags_exchange
+from bigembed.train.batch_gate import BatchGate
+
+_FLAG_BATCHES, _FLAG_FLUSH, _FLAG_AGREE, _FLAG_STOP = range(4)
+_POLL_S = 0.001
+
+
+class LockstepRounds:
+    """One trainer's round thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        rank: int,
+        trainers: Sequence[int],
+        group: dist.ProcessGroup | None,
+        gate: BatchGate,
+        *,
+        gated: bool,
+        sync_every: int,
+        interval: float,
+        on_data: Callable[[], None],
+        on_agree: Callable[[], None],
+        on_error: Callable[[str], None],
+        name: str,
+    ) -> None:
+        self.rank = rank
+        self.peers = [t for t in trainers if t != rank]
+        self.world = len(trainers)
+        self.group = group
+        self.gate = gate
+        self.gated = gated
+        self.sync_every = sync_every
+        self.interval = interval
+        self.on_data = on_data
+        self.on_agree = on_agree
+        self.on_error = on_error
+        self.data_rounds = 0
+        self.header_rounds = 0
+        self._counted = 0  # batches of this trainer already announced
+        self._completed_batches = 0  # its batch count when the last completed round started
+        self._training = False
+        self._flush_goal = 0  # data rounds requested (flush)
+        self._agree_asked = False
+        self._stop_asked = False
+        self._started = 0
+        self._completed = 0
+        self._agreements = 0
+        self._failed: str | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"bigembed-{name}", daemon=True)
+        if gated:
+            gate.allow(sync_every)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ------------------------------------------------------------------ requests
+    def set_training(self, training: bool) -> None:
+        with self._cond:
+            self._training = training
+            self._cond.notify_all()
+
+    def flush(self, timeout: float) -> None:
+        """Wait for a data round that started after this call."""
+        with self._cond:
+            goal = self._started + 1
+            self._flush_goal = max(self._flush_goal, goal)
+            self._cond.notify_all()
+            self._wait(lambda: self._completed >= goal, timeout, "flush")
+
+    def agree(self, timeout: float) -> None:
+        """Ask for an agreement round; returns once every trainer asked and it ran."""
+        with self._cond:
+            goal = self._agreements + 1
+            self._agree_asked = True
+            self._cond.notify_all()
+            self._wait(lambda: self._agreements >= goal, timeout, "agreement")
+
+    def stop(self, timeout: float) -> None:
+        """Leave after the round in which every trainer asked to stop."""
+        with self._cond:
+            self._stop_asked = True
+            self._cond.notify_all()
+        self._thread.join(timeout=timeout)
+
+    def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if self._failed is not None:
+                raise TimeoutError(f"the round thread failed before the {what}: {self._failed}")
+            if left <= 0 or not self._thread.is_alive():
+                raise TimeoutError(f"no {what} round within {timeout:g}s")
+            self._cond.wait(min(left, 0.5))
+
+    # ------------------------------------------------------------------ the thread
+    def _due(self, last_start: float) -> bool:
+        """Whether this trainer should enter the next round now (lock held)."""
+        if self._stop_asked or self._agree_asked or self._flush_goal > self._started:
+            return True
+        if self.gated and self._training:
+            return self.gate.full()
+        return time.monotonic() - last_start >= self.interval
+
+    def _run(self) -> None:
+        try:
+            last_start = 0.0
+            while True:
+                with self._cond:
+                    while not self._due(last_start):
+                        self._cond.wait(_POLL_S)
+                    self._started += 1
+                    flush = self._flush_goal >= self._started
+                    header = torch.tensor(
+                        [0, int(flush), int(self._agree_asked), int(self._stop_asked)],
+                        dtype=torch.int64,
+                    )
+                last_start = time.monotonic()
+                batches = self.gate.batches()
+                header[_FLAG_BATCHES] = batches - self._counted
+                self._counted = batches
+                total = flags_exchange(header, self.peers, self.group)
+                agreed = False
+                if int(total[_FLAG_AGREE]) == self.world:
+                    self.on_agree()
+                    agreed = True
+                elif int(total[_FLAG_BATCHES]) > 0 or int(total[_FLAG_FLUSH]) > 0:
+                    self.on_data()
+                    self.data_rounds += 1
+                else:
+                    self.header_rounds += 1
+                if self.gated:
+                    self.gate.allow(batches + self.sync_every)
+                with self._cond:
+                    self._completed = self._started
+                    self._completed_batches = batches
+                    if agreed:
+                        self._agreements += 1
+                        self._agree_asked = False
+                    self._cond.notify_all()
+                if int(total[_FLAG_STOP]) == self.world:
+                    return
+        except Exception as exc:  # reported to the watchdog, which stops the run
+            self._failed = str(exc)
+            with self._cond:
+                self._cond.notify_all()
+            self.on_error(f"{self._thread.name} on rank {self.rank} failed: {exc}")

@@ -1,0 +1,74 @@
+"""``allreduce``: centralized, synchronous. Every ``sync_every`` batches, everybody's changes are
+summed and every trainer continues from the sum.
+
+The workers of a trainer wait at the gate after ``sync_every`` batches until the round has
+merged them with every other trainer's (the slowest trainer sets the pace, as in any
+synchronous data-parallel training). The changes are *summed*, not averaged as Bagua's
+gradient allreduce does: the trainers train disjoint buckets, and summing applies every edge's
+update once, as one machine would (and as ``async_ps`` does); averaging would divide the
+shared parameters' learning rate by the number of trainers. Each round moves
+``2 (W - 1) / W`` of the shared parameters per trainer, in the codec's bytes (reduce-scatter,
+then all-gather), and leaves every trainer with bit-identical shared parameters.
+"""
+
+from __future__ import annotations
+
+from bigembed.communication.delta_reduce import DeltaReduce
+from bigembed.communication.lockstep import LockstepRounds
+from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
+from bigembed.train.batch_gate import BatchGate
+
+
+class Allreduce(Strategy):
+    name = "allreduce"
+    centralized = True
+    synchronous = True
+    mean = False
+
+    def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
+        super().__init__(env, shared)
+        self.gate = gate = BatchGate(env.workers)
+        self.data = DeltaReduce(env, shared, mean=self.mean)
+        self.rounds_thread = LockstepRounds(
+            env.rank,
+            env.trainers,
+            env.group,
+            gate,
+            gated=self.synchronous,
+            sync_every=env.sync_every,
+            interval=env.sync_interval,
+            on_data=self.data.round,
+            on_agree=self.data.agree,
+            on_error=env.on_error,
+            name=self.name,
+        )
+
+    def start(self) -> None:
+        self.rounds_thread.start()
+
+    def bucket_started(self) -> None:
+        self.rounds_thread.set_training(True)
+
+    def bucket_finished(self) -> None:
+        self.rounds_thread.set_training(False)
+
+    def flush(self, timeout: float) -> None:
+        self.rounds_thread.flush(timeout)
+
+    def agree(self, timeout: float) -> None:
+        self.rounds_thread.agree(timeout)
+
+    def stop(self) -> None:
+        self.rounds_thread.stop(timeout=30)
+
+    @property
+    def rounds(self) -> int:
+        return self.rounds_thread.data_rounds
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.data.reduce.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.data.reduce.bytes_received

@@ -1,0 +1,128 @@
+"""What a communication strategy is: the hooks the distributed trainer calls, and its inputs.
+
+A strategy keeps one trainer's copy of the *shared parameters* (relation operators, global
+embeddings, unpartitioned entity tables and their Adagrad state) in step with the other
+trainers' copies. The trainer calls its hooks at fixed points:
+
+=====================  ==========================================================================
+hook                   when
+=====================  ==========================================================================
+``start()``            once, after every trainer holds rank 0's values; starts its threads
+``gate``               per batch: a :class:`~bigembed.train.batch_gate.BatchGate` every Hogwild
+                       worker passes before each batch (a synchronous strategy holds the workers
+                       there until its round has merged their last ``sync_every`` batches), or
+                       None
+``bucket_started()``   before the workers start a bucket
+``bucket_finished()``  after they finished it (the trainer is idle until the next one)
+``flush(timeout)``     at a checkpoint, first: this trainer's changes reach the others
+``agree(timeout)``     at a checkpoint, after every trainer has flushed (a barrier), while no
+                       worker trains: afterwards this trainer holds the values the checkpoint
+                       commits (the collective strategies: the same bits on every trainer)
+``stop()``             once, after the last checkpoint; ends its threads
+=====================  ==========================================================================
+
+The hooks run on the trainer's main thread and must not block longer than ``timeout``;
+communication runs on the strategy's own threads, which report a failure through ``on_error``
+(the watchdog then stops every rank). Tensors are touched through ``.data``: autograd never
+sees a strategy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch.distributed as dist
+from torch import Tensor
+
+from bigembed.communication.codecs import Codec
+from bigembed.train.batch_gate import BatchGate
+
+
+@dataclass(frozen=True)
+class SharedTensors:
+    """The shared parameters, by name (``param/...``, ``adagrad/...``, ``emb/TYPE``,
+    ``emb_state/TYPE``); ``nonnegative``: indices of the Adagrad accumulators, which must stay
+    >= 0 (a lossy exchange may bring one near 0 slightly below)."""
+
+    names: Sequence[str]
+    tensors: Sequence[Tensor]
+    nonnegative: frozenset[int]
+
+    @property
+    def flat(self) -> list[Tensor]:
+        return [t.data.view(-1) for t in self.tensors]
+
+    @property
+    def numels(self) -> list[int]:
+        return [t.numel() for t in self.tensors]
+
+
+@dataclass(frozen=True)
+class StrategyEnv:
+    """Where a strategy runs: this trainer, the others, the transport and the settings."""
+
+    rank: int
+    trainers: Sequence[int]
+    group: dist.ProcessGroup | None  # the trainers' gloo group
+    codec: Codec  # communication.precision
+    workers: int  # Hogwild workers of this trainer (the gate's slots)
+    sync_every: int  # batches between the rounds of a synchronous strategy
+    sync_interval: float  # least seconds between rounds of an asynchronous one
+    on_error: Callable[[str], None]  # a communication thread failed: stop the run
+
+
+class Strategy(ABC):
+    """One way of keeping the shared parameters in step (see the module docstring)."""
+
+    #: The ``communication.strategy`` value that selects it.
+    name: ClassVar[str]
+    #: Bagua's axes: a central party (servers or an all-reduce over everybody) or neighbours
+    #: only; do the workers wait for the exchange.
+    centralized: ClassVar[bool]
+    synchronous: ClassVar[bool]
+
+    def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
+        self.env = env
+        self.shared = shared
+        self.gate: BatchGate | None = None
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    def bucket_started(self) -> None:  # noqa: B027 (a hook: most strategies ignore it)
+        """The workers start a bucket."""
+
+    def bucket_finished(self) -> None:  # noqa: B027
+        """The workers finished a bucket."""
+
+    @abstractmethod
+    def flush(self, timeout: float) -> None: ...
+
+    @abstractmethod
+    def agree(self, timeout: float) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def rounds(self) -> int:
+        """Rounds that exchanged data so far."""
+
+    @property
+    @abstractmethod
+    def bytes_sent(self) -> int:
+        """Bytes this trainer's strategy put on the network."""
+
+    @property
+    @abstractmethod
+    def bytes_received(self) -> int:
+        """Bytes it took off the network."""
+
+    def wire_bytes(self) -> int:
+        """This trainer's share of the traffic, so that the sum over trainers counts each byte
+        once: what it sent (what it received is another trainer's send)."""
+        return self.bytes_sent
