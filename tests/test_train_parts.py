@@ -115,6 +115,24 @@ def test_dense_adagrad_matches_torch() -> None:
     assert torch.allclose(p1, p2, atol=1e-6)
 
 
+def test_adagrad_steps_stay_finite_and_bounded_on_a_slightly_negative_accumulator() -> None:
+    """A lossy shared-parameter exchange (int8) can leave a shared accumulator a little below
+    0 for a moment; the step must then be that of a fresh accumulator, never NaN."""
+    torch.manual_seed(0)
+    table, grad = torch.zeros(3, 4), torch.randn(2, 4)
+    state = torch.tensor([-1e-3, 0.0, -5.0])
+    row_adagrad_update(table, state, [(torch.tensor([0, 2]), grad)], lr=0.1)
+    assert bool(torch.isfinite(table).all())
+    fresh = torch.zeros(3, 4)
+    row_adagrad_update(fresh, torch.zeros(3), [(torch.tensor([0, 2]), grad)], lr=0.1)
+    assert torch.allclose(table, fresh)
+    param = torch.nn.Parameter(torch.zeros(4))
+    param.grad = torch.randn(4)
+    expected = -0.1 * torch.sign(param.grad)
+    dense_adagrad_update([param], [torch.full((4,), -1e-3)], 0.1)
+    assert torch.allclose(param.detach(), expected)
+
+
 def test_eval_split_is_stable_and_disjoint() -> None:
     e1, t1 = split_eval(1000, 0.05, seed=11)
     e2, _ = split_eval(1000, 0.05, seed=11)

@@ -1,10 +1,14 @@
-"""What crosses the network in the distributed mode: precision codecs and error feedback.
+"""What crosses the network in the distributed mode, and how.
 
-It sits below :mod:`bigembed.distributed` (which chooses when and to whom tensors travel) and
-knows nothing of ranks or process groups: it only turns tensors into what is sent and back.
+It sits below :mod:`bigembed.distributed`, which runs the lock, partition and rendezvous
+services, picks the strategy from the config and calls its hooks.
 
-``communication.precision`` (config) selects the codec of the shared-parameter exchange
-(:mod:`bigembed.communication.sharer`); partition transfers still travel in float32.
+Three layers, as in Bagua: the strategies (:mod:`bigembed.communication.strategies`, chosen by
+``communication.strategy``), the logical primitives they are built from (point-to-point
+exchange, sharded all-reduce, compressed streams with error feedback, parameter servers, the
+lockstep round thread), and the codecs (``communication.precision``); torch.distributed (gloo)
+is the transport. :mod:`bigembed.communication.row_delta` is the encoding of compressed
+partition transfers (``communication.partition_precision``).
 """
 
 from bigembed.communication.codecs import (

@@ -13,6 +13,13 @@ Protocol (control over the store channel ``parts/RANK``, data over gloo point-to
   an ``ack``, which the client waits for before it releases the partition's lock, so the next
   reader can never see the old copy.
 
+With ``communication.partition_precision: compressed`` (:mod:`bigembed.communication.row_delta`)
+a ``get`` may ask for ``form: bf16`` (the embeddings come as bfloat16; the client remembers
+them) and a ``put`` may carry ``form: delta``: the trained embeddings minus what the client
+received, int8 per row with a scale per row (sent with the state as one float32 tensor), which
+the server adds to the fp32 master it kept; a server that does not hold the partition refuses
+a delta (``ready: false``) instead of inventing a base. Checkpoints fetch in fp32 (``exact``).
+
 Transfers run on a small thread pool so that one large partition does not hold up the
 requests of other trainers. The trainer hosting the server (``num_partition_servers: -1``)
 bypasses all of this and copies in memory.
@@ -28,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from bigembed.communication.row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
 from bigembed.distributed.auth import Session
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import Message, RpcClient, RpcServer
@@ -134,17 +142,27 @@ class PartitionServer:
             return {"ok": True}
         key = (str(req["key"][0]), int(req["key"][1]))
         client, n = int(req["client"]), int(req["seq"])
+        form = str(req.get("form", "fp32"))
         if op == "get":
             with self._lock:
                 table = self.tables.get(key)
             if table is None:
                 return {"found": False}
-            self._pool.submit(self._guard, self._send, table, client, n)
+            self._pool.submit(self._guard, self._send, table, client, n, form == "bf16")
             return {"found": True, "shape": list(table.emb.shape)}
         if op == "put":
             rows, dim = (int(x) for x in req["shape"])
             with self._lock:
                 table = self.tables.get(key)
+            if form == "delta":
+                if table is None or tuple(table.emb.shape) != (rows, dim):
+                    return {
+                        "ready": False,
+                        "reason": f"holds no {rows} x {dim} copy of partition {key[1]} of "
+                        f"'{key[0]}' to add a compressed change to",
+                    }
+                self._pool.submit(self._guard, self._receive_delta, key, table, client, n)
+                return {"ready": True}
             if table is None or tuple(table.emb.shape) != (rows, dim):
                 table = Table(torch.empty((rows, dim)), torch.empty(rows))
             self._pool.submit(self._guard, self._receive, key, table, client, n)
@@ -157,10 +175,26 @@ class PartitionServer:
         except Exception as exc:  # reported to the watchdog, which stops the run
             self.on_error(f"partition server on rank {self.rank}: transfer failed: {exc}")
 
-    def _send(self, table: Table, client: int, n: int) -> None:
-        dist.send(table.emb, dst=client, group=self.group, tag=data_tag(self.rank, n, 0))
+    def _send(self, table: Table, client: int, n: int, compressed: bool = False) -> None:
+        emb = to_transfer(table.emb) if compressed else table.emb
+        dist.send(emb, dst=client, group=self.group, tag=data_tag(self.rank, n, 0))
         dist.send(table.state, dst=client, group=self.group, tag=data_tag(self.rank, n, 1))
-        self.bytes_sent += (table.emb.numel() + table.state.numel()) * 4
+        self.bytes_sent += emb.numel() * emb.element_size() + table.state.numel() * 4
+
+    def _receive_delta(self, key: PartitionKey, table: Table, client: int, n: int) -> None:
+        """Add a trainer's compressed change to the master (no other writer meanwhile: the
+        trainer holds the partition's lock until the ack)."""
+        rows, dim = table.emb.shape
+        delta = RowDelta.empty(rows, dim)
+        tail = torch.empty(2 * rows)  # the row scales, then the new state
+        dist.recv(delta.codes, src=client, group=self.group, tag=data_tag(self.rank, n, 0))
+        dist.recv(tail, src=client, group=self.group, tag=data_tag(self.rank, n, 1))
+        delta.scales.copy_(tail[:rows])
+        with self._lock:
+            table.emb.add_(delta.decode())
+            table.state.copy_(tail[rows:])
+        self.bytes_received += delta.nbytes + rows * 4
+        store_set(self._reply_store(), *self.rpc.encode(n, {"ok": True}, suffix="ack"))
 
     def _receive(self, key: PartitionKey, table: Table, client: int, n: int) -> None:
         dist.recv(table.emb, src=client, group=self.group, tag=data_tag(self.rank, n, 0))
@@ -195,8 +229,12 @@ class PartitionClient:
         local: PartitionServer | None,
         group: dist.ProcessGroup | None = None,
         session: Session | None = None,
+        compressed: bool = False,
     ) -> None:
+        """``compressed``: ``communication.partition_precision: compressed`` (module docstring)."""
         self.rank = rank
+        self.compressed = compressed
+        self.bases: dict[PartitionKey, torch.Tensor] = {}  # bf16 copies received, per partition
         self.session = session
         self.layout = layout
         self.kv = store
@@ -211,12 +249,28 @@ class PartitionClient:
             self.kv, channel_of(server), self.timeout, self.layout.role(server), self.session
         )
 
-    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
+    def fetch(
+        self,
+        key: PartitionKey,
+        out_emb: torch.Tensor,
+        out_state: torch.Tensor,
+        exact: bool = False,
+    ) -> bool:
+        """Read a partition from its server; ``exact``: fp32 even in compressed mode (for
+        checkpoints; nothing is remembered then)."""
         server = self.layout.server_for(key)
         if server == self.rank and self.local is not None:
             return self.local.get_local(key, out_emb, out_state)
+        compressed = self.compressed and not exact
         rpc = self._rpc(server)
-        n = rpc.send({"op": "get", "key": list(key), "client": self.rank})
+        n = rpc.send(
+            {
+                "op": "get",
+                "key": list(key),
+                "client": self.rank,
+                "form": "bf16" if compressed else "fp32",
+            }
+        )
         reply = rpc.receive(n)
         if not reply["found"]:
             return False
@@ -226,20 +280,28 @@ class PartitionClient:
                     key, tuple(reply["shape"]), tuple(out_emb.shape), self.layout.role(server)
                 )
             )
+        emb = torch.empty(out_emb.shape, dtype=TRANSFER_DTYPE) if compressed else out_emb
         try:
-            dist.recv(out_emb, src=server, group=self.group, tag=data_tag(server, n, 0))
+            dist.recv(emb, src=server, group=self.group, tag=data_tag(server, n, 0))
             dist.recv(out_state, src=server, group=self.group, tag=data_tag(server, n, 1))
         except RuntimeError as exc:
             raise PeerError(
                 f"receiving a partition from {self.layout.role(server)} failed: {exc}"
             ) from None
-        self.bytes_received += (out_emb.numel() + out_state.numel()) * 4
+        if compressed:
+            out_emb.copy_(emb)
+            self.bases[key] = emb
+        self.bytes_received += emb.numel() * emb.element_size() + out_state.numel() * 4
         return True
 
     def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
         server = self.layout.server_for(key)
         if server == self.rank and self.local is not None:
             self.local.put_local(key, emb, state)
+            return
+        base = self.bases.pop(key, None)
+        if base is not None and base.shape == emb.shape:
+            self._store_delta(server, key, RowDelta.encode(emb - base.float()), state)
             return
         rpc = self._rpc(server)
         n = rpc.send({"op": "put", "key": list(key), "client": self.rank, "shape": list(emb.shape)})
@@ -253,6 +315,34 @@ class PartitionClient:
             ) from None
         rpc.receive(n, suffix="ack")
         self.bytes_sent += (emb.numel() + state.numel()) * 4
+
+    def _store_delta(
+        self, server: int, key: PartitionKey, delta: RowDelta, state: torch.Tensor
+    ) -> None:
+        rpc = self._rpc(server)
+        rows, dim = delta.codes.shape
+        n = rpc.send(
+            {
+                "op": "put",
+                "key": list(key),
+                "client": self.rank,
+                "shape": [rows, dim],
+                "form": "delta",
+            }
+        )
+        reply = rpc.receive(n)
+        if not reply.get("ready"):
+            raise PeerError(f"{self.layout.role(server)} {reply.get('reason', 'refused')}")
+        tail = torch.cat([delta.scales, state.reshape(-1)])
+        try:
+            dist.send(delta.codes, dst=server, group=self.group, tag=data_tag(server, n, 0))
+            dist.send(tail, dst=server, group=self.group, tag=data_tag(server, n, 1))
+        except RuntimeError as exc:
+            raise PeerError(
+                f"sending a partition to {self.layout.role(server)} failed: {exc}"
+            ) from None
+        rpc.receive(n, suffix="ack")
+        self.bytes_sent += delta.nbytes + rows * 4
 
     def stop_server(self, server: int) -> None:
         self._rpc(server).call({"op": "stop"})

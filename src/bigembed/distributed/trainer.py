@@ -291,7 +291,7 @@ class CooperativeCheckpoints:
                     torch.empty((store.counts[key], store.dims[etype])),
                     torch.empty(store.counts[key]),
                 )
-                if self.partition_client.fetch(key, table.emb, table.state):
+                if self.partition_client.fetch(key, table.emb, table.state, exact=True):
                     ck.save_partition(etype, part, version, table.emb, table.state)
                     continue
             if ck.has_partition(etype, part, version):
@@ -380,6 +380,7 @@ class DistributedTrainer:
                 ctx.timeout,
                 self.partition_server,
                 session=ctx.session,
+                compressed=cfg.communication.partition_precision == "compressed",
             )
 
     def train(self) -> TrainResult:

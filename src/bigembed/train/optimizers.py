@@ -3,6 +3,12 @@
 Both follow PBG's rule for lock-free updates: a worker adds its squared gradient to the shared
 accumulator *and* uses its own freshly summed value as the denominator, so a concurrent writer
 can never make a worker's step larger than its gradient warrants.
+
+The accumulator a worker reads is clamped at 0 before its own squared gradient is added. An
+accumulator is a sum of squares and never negative in exact arithmetic, but a shared one is
+also written by the distributed mode's communication thread, and a lossy exchange
+(``communication.precision: int8``) can leave it a little below 0 for a moment; ``sqrt`` of
+that would be NaN. With the clamp, a step is never larger than the one of a fresh accumulator.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ def row_adagrad_update(
         summed.index_add_(0, inverse[start : start + n], grad)
         start += n
     sq = torch.linalg.vector_norm(summed, dim=1).square_().div_(dim)
-    local = state.index_select(0, uniq).add_(sq)
+    local = state.index_select(0, uniq).clamp_min_(0).add_(sq)
     state.index_add_(0, uniq, sq)
     step = summed.div_(local.sqrt_().add_(EPS).unsqueeze(1)).mul_(-lr)
     table.index_add_(0, uniq, step)
@@ -55,7 +61,7 @@ def dense_adagrad_update(params: Iterable[Tensor], states: Sequence[Tensor], lr:
         if grad is None:
             continue
         sq = grad * grad
-        local = state + sq
+        local = state.clamp_min(0).add_(sq)
         state.add_(sq)
         with torch.no_grad():
             param.addcdiv_(grad, local.sqrt_().add_(EPS), value=-lr)
