@@ -59,17 +59,22 @@ from test_dist_sharing import planted, write_buckets  # noqa: E402
 
 PORT = 29650
 _SHARED = re.compile(
-    r"shared parameters \((\w+), \w+\): \d+ rounds, (\d+) bytes sent, (\d+) bytes received"
+    r"shared parameters \((\w+), \w+\): (\d+) rounds, (\d+) bytes sent, (\d+) bytes received"
 )
 
 
-def shared_bytes(output: str) -> int:
-    """The strategy's bytes, each counted once: async_ps's sharers count their pushes and the
-    servers' replies; the collective strategies count what every trainer sends."""
-    total = 0
-    for strategy, sent, received in _SHARED.findall(output):
+def shared_bytes(output: str) -> tuple[int, int]:
+    """(the strategy's bytes, each counted once; its rounds, summed over the trainers).
+
+    async_ps's sharers count their pushes and the servers' replies; the collective strategies
+    count what every trainer sends. An asynchronous strategy runs as many rounds as the link
+    and the pacer allow, so its bytes per epoch follow the link's speed, not the codec: the
+    bytes per round say what the codec saves."""
+    total = rounds = 0
+    for strategy, n, sent, received in _SHARED.findall(output):
         total += int(sent) + (int(received) if strategy == "async_ps" else 0)
-    return total
+        rounds += int(n)
+    return total, rounds
 
 
 @dataclass
@@ -152,6 +157,7 @@ class Row:
     partition_precision: str
     wire_mb_per_epoch: float
     shared_mb_per_epoch: float  # the strategy's own messages (from each rank's log line)
+    shared_kb_per_round: float  # the same bytes over the trainers' rounds
     epoch_s: float
     wall_s: float
     mrr: float
@@ -207,24 +213,34 @@ def run_one(
         rate = None if link == "unshaped" else link
         with netns.machines(ranks, rate, delay) as machines:
             before = [m.counters()[0] for m in machines]
-            procs = []
+            procs, logs = [], []
             for k, m in enumerate(machines):
                 argv = [*cli, "train", str(cfg_path), "--rank", str(k), "--no-progress"]
                 argv += ["-p", f"num_machines={ranks}"]
                 argv += ["-p", f"distributed_init_method=tcp://{machines[0].address}:{PORT}"]
                 for p in params:
                     argv += ["-p", p]
+                # one file per rank, not a pipe: a rank blocked on a full pipe that nobody
+                # reads yet (its peers' pipes are read first) would stall the whole run
+                log = (ckpt.parent / f"rank{k}.log").open("w+")
+                logs.append(log)
                 procs.append(
                     subprocess.Popen(
                         m.command(["env", f"GLOO_SOCKET_IFNAME={m.interface}", *argv]),
                         cwd=ROOT,
                         env=env,
-                        stdout=subprocess.PIPE,
+                        stdout=log,
                         stderr=subprocess.STDOUT,
                         text=True,
                     )
                 )
-            outs = [p.communicate(timeout=3600)[0] for p in procs]
+            for p in procs:
+                p.wait(timeout=3600)
+            outs = []
+            for log in logs:
+                log.seek(0)
+                outs.append(log.read())
+                log.close()
             output = "\n".join(outs)
             if any(p.returncode for p in procs):
                 raise RuntimeError("a rank failed:\n" + "\n".join(o[-2000:] for o in outs))
@@ -239,6 +255,7 @@ def run_one(
         wire = -1.0
     wall = time.perf_counter() - started
     net, seconds, mrr = _stats(ckpt, epochs)
+    shared, rounds = shared_bytes(output)
     return Row(
         graph,
         ranks,
@@ -247,7 +264,8 @@ def run_one(
         precision if ranks > 1 else "-",
         partition_precision if ranks > 1 else "-",
         wire / epochs if wire >= 0 else net,
-        shared_bytes(output) / epochs / 1e6,
+        shared / epochs / 1e6,
+        shared / rounds / 1e3 if rounds else 0.0,
         seconds,
         wall,
         mrr,
@@ -268,6 +286,8 @@ def print_table(rows: list[Row], header: str) -> None:
         "fp32 bytes / these",
         "shared-param MB/epoch",
         "fp32 / these",
+        "shared-param kB/round",
+        "fp32 / these (per round)",
         "epoch s",
         "wall s",
         "speed-up vs fp32 async_ps",
@@ -301,13 +321,19 @@ def print_table(rows: list[Row], header: str) -> None:
             if base and r.ranks > 1 and r.shared_mb_per_epoch > 0
             else ""
         )
+        per_round = (
+            f"{base.shared_kb_per_round / r.shared_kb_per_round:.2f}"
+            if base and r.ranks > 1 and r.shared_kb_per_round > 0
+            else ""
+        )
         speed = f"{ps.wall_s / r.wall_s:.2f}" if ps and r.ranks > 1 else ""
         dmrr = f"{r.mrr - base.mrr:+.4f}" if base and r.ranks > 1 else ""
         one = f"{single.mrr:.4f}" if single else ""
         print(
             f"| {r.graph} | {r.ranks} | {r.link} | {r.strategy} | {r.precision} | "
             f"{r.partition_precision} | {r.wire_mb_per_epoch:.1f} | {ratio} | "
-            f"{r.shared_mb_per_epoch:.1f} | {shared} | {r.epoch_s:.1f} | "
+            f"{r.shared_mb_per_epoch:.1f} | {shared} | {r.shared_kb_per_round:.1f} | "
+            f"{per_round} | {r.epoch_s:.1f} | "
             f"{r.wall_s:.1f} | {speed} | {r.mrr:.4f} | {dmrr} | {one} |"
         )
 

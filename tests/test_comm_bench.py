@@ -76,4 +76,5 @@ def test_quick_run_prints_the_table(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "rows.json").read_text())
     fp32, int8 = rows[1], rows[2]
     assert fp32["precision"] == "fp32" and int8["precision"] == "int8"
-    assert fp32["shared_mb_per_epoch"] > 3 * int8["shared_mb_per_epoch"] > 0
+    # an asynchronous strategy runs as many rounds as it can: the codec shows per round
+    assert fp32["shared_kb_per_round"] > 3.5 * int8["shared_kb_per_round"] > 0
