@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="similarity: cos (default), dot, or l2 (score = -distance)",
     )
     s.add_argument("--faiss", action="store_true", help="search with FAISS if installed")
+    s.add_argument(
+        "--include-self",
+        action="store_true",
+        help="list NAME itself too (left out by default)",
+    )
     _common(s)
     s.set_defaults(func=run_similar)
 
@@ -100,7 +105,12 @@ def run_similar(args: argparse.Namespace) -> int:
 
     model = load(args.checkpoint_dir, args.entity_path)
     preds = model.similar(
-        args.name, k=args.k, type=args.type, metric=args.metric, use_faiss=args.faiss
+        args.name,
+        k=args.k,
+        type=args.type,
+        metric=args.metric,
+        use_faiss=args.faiss,
+        include_self=args.include_self,
     )
     _print(preds, args, f"Nearest to {args.name} ({args.metric}):")
     return 0
