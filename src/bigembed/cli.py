@@ -25,6 +25,7 @@ from bigembed.errors import BigembedError
 # Order here is the order in `bigembed --help`.
 COMMAND_MODULES = (
     "demo",
+    "split_cmd",
     "import_cmd",
     "config_cmd",
     "train_cmd",
