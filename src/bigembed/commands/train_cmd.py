@@ -63,6 +63,7 @@ def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> 
     after = last.eval_after if last is not None else None
     if after:
         print(
-            "Withheld-edge eval after the last step: "
+            "Withheld-edge eval after the last step (sampled negatives, raw ranks; "
+            "`bigembed eval` for filtered full ranking): "
             + json.dumps({k: round(v, 4) for k, v in after.items() if k != "count"})
         )

@@ -239,6 +239,7 @@ class ProgressDisplay(Observer):
             f"{record.edges_per_sec:,.0f} edges/s  {record.seconds:.1f}s"
         )
         if record.eval_before is not None and record.eval_after is not None:
-            line += f"  eval mrr {record.eval_before['mrr']:.3f} -> {record.eval_after['mrr']:.3f}"
+            before, after = record.eval_before["mrr"], record.eval_after["mrr"]
+            line += f"  withheld-edge mrr (sampled) {before:.3f} -> {after:.3f}"
         if self.report is not None:
             self.report(line)

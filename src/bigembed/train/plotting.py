@@ -61,7 +61,7 @@ def plot_training(log: TrainingLog, output: Path) -> None:
             label="mrr before",
         )
         ax.set_xlabel("step (checkpoint version)")
-        ax.set_title("Withheld-edge eval")
+        ax.set_title("Withheld-edge eval (sampled negatives)")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend()
