@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from bigembed.commands.versions import add_version_argument, checkpoint_of
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -59,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entity-path", help="entity names (default: the checkpoint config's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_version_argument(p)
 
 
 def _print(predictions, args: argparse.Namespace, title: str) -> None:
@@ -83,7 +86,7 @@ def _print(predictions, args: argparse.Namespace, title: str) -> None:
 def run_predict(args: argparse.Namespace) -> int:
     from bigembed.query import load
 
-    model = load(args.checkpoint_dir, args.entity_path)
+    model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     rel: str | int = args.rel
     if rel not in model.relation_names and str(rel).isdigit():
         rel = int(rel)
@@ -103,7 +106,7 @@ def run_predict(args: argparse.Namespace) -> int:
 def run_similar(args: argparse.Namespace) -> int:
     from bigembed.query import load
 
-    model = load(args.checkpoint_dir, args.entity_path)
+    model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     preds = model.similar(
         args.name,
         k=args.k,

@@ -48,6 +48,11 @@ class BucketWork:
     held_out: HeldOut | None
 
 
+class StopTraining(Exception):
+    """Raised by an observer from ``step_committed`` to end training after that step (early
+    stopping, a pruned trial); the message says why. The committed checkpoint stays as it is."""
+
+
 class TrainingObserver(Protocol):
     """Watches a step; called by the loop in this order for every step it runs."""
 
@@ -68,7 +73,8 @@ class TrainingObserver(Protocol):
         """The step's partitions are saved; ``record`` is about to be committed."""
 
     def step_committed(self, record: StepRecord) -> None:
-        """The step is committed (its checkpoint version is on disk)."""
+        """The step is committed (its checkpoint version is on disk); may raise
+        :class:`StopTraining` to end the run here."""
 
 
 class Observer:
