@@ -18,10 +18,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema, EarlyStoppingSchema
+from bigembed.errors import InputError
 from bigembed.train.loop import StopTraining, Trainer, TrainResult
 from bigembed.train.observers import Observer, TrainingObserver
 from bigembed.train.records import StepRecord
@@ -210,6 +212,11 @@ def train_model(
 ) -> TrainResult:
     """Train as the config says, with early stopping when it has an ``early_stopping``
     section (otherwise exactly :func:`bigembed.train.loop.train`)."""
+    if cfg.early_stopping is not None and not Path(cfg.early_stopping.valid_path).exists():
+        raise InputError(
+            f"early_stopping.valid_path: {cfg.early_stopping.valid_path}: no such edge path or "
+            "file (import the validation edges, or give a file of names)"
+        )
     trainer = Trainer(cfg, progress=progress, report=report, observers=observers)
     if cfg.early_stopping is None:
         return trainer.train()
