@@ -22,7 +22,9 @@ def _setup(root: Path, **early: object) -> Path:
     names = graph["names"]
     valid = root / "valid.tsv"
     valid.write_text(
-        "".join(f"{names[h]}\tr{r}\t{names[t]}\n" for h, r, t in zip(heads, rels, tails))
+        "".join(
+            f"{names[h]}\tr{r}\t{names[t]}\n" for h, r, t in zip(heads, rels, tails, strict=True)
+        )
     )
     data = {
         "entities": {"node": {"num_partitions": 1}},
@@ -89,7 +91,7 @@ def test_stops_after_patience_keeps_best_and_stays_stopped(tmp_path, capsys) -> 
     )
     assert code == 0, err
     assert "(version 1)" in out.splitlines()[0]
-    filtered = [line for line in out.splitlines() if line.startswith("filtered")][0]
+    filtered = next(line for line in out.splitlines() if line.startswith("filtered"))
     assert float(filtered.split()[2]) == pytest.approx(best["value"], abs=1e-4)
     code, out, err = _run(capsys, "similar", str(model), "n1", "-k", "2", "--version", "best")
     assert code == 0, err
@@ -114,7 +116,7 @@ def test_resume_continues_the_count_and_every(tmp_path, capsys) -> None:
 
 def test_gains_reset_the_count_and_move_best(tmp_path, capsys) -> None:
     config = _setup(tmp_path, patience=1, metric="auc", protocol="sampled")
-    code, out, err = _run(capsys, "train", str(config), "--no-progress", "-p", "num_epochs=4")
+    code, _, err = _run(capsys, "train", str(config), "--no-progress", "-p", "num_epochs=4")
     assert code == 0, err
     records = _records(tmp_path)
     best = max(records, key=lambda r: r["value"])
@@ -158,7 +160,7 @@ def test_a_gain_resets_the_count(tmp_path, capsys, monkeypatch) -> None:
 
     monkeypatch.setattr(report, "evaluate_checkpoint", lambda *a, **k: Scripted(next(values)))
     config = _setup(tmp_path, patience=2)
-    code, out, err = _run(capsys, "train", str(config), "--no-progress")
+    code, _, err = _run(capsys, "train", str(config), "--no-progress")
     assert code == 0, err
     records = _records(tmp_path)
     assert [r["without_gain"] for r in records] == [0, 1, 0, 1, 2]
