@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "import_cmd",
     "config_cmd",
     "train_cmd",
+    "tune_cmd",
     "eval_cmd",
     "export_cmd",
     "query_cmd",
