@@ -88,7 +88,7 @@ class TuneResult:
         for r in self.rows:
             value = "" if r.value is None else repr(r.value)
             cells = [str(r.number), r.state, value, str(r.epochs)]
-            cells += [_show(r.params.get(p)) for p in self.param_names]
+            cells += ["" if r.params.get(p) is None else str(r.params[p]) for p in self.param_names]
             rows.append("\t".join([*cells, r.checkpoint, r.note]))
         return "\n".join(rows) + "\n"
 
