@@ -145,6 +145,17 @@ def test_refusals(tmp_path, capsys) -> None:
     assert code == 2 and "early_stopping.patience" in err and "config.yaml" in err
     code, _, err = _run(capsys, "eval", str(config), "--version", "best", "--no-progress")
     assert code == 2 and "no best version" in err
+    code, _, err = _run(
+        capsys,
+        "config",
+        "show",
+        str(config),
+        "-p",
+        "num_machines=2",
+        "-p",
+        "distributed_init_method=tcp://127.0.0.1:1",
+    )
+    assert code == 2 and "early_stopping: not supported in distributed mode" in err
 
 
 def test_a_gain_resets_the_count(tmp_path, capsys, monkeypatch) -> None:
