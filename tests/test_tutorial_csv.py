@@ -62,6 +62,7 @@ def test_the_tutorial_runs_as_written(tmp_path, monkeypatch, capsys) -> None:
     assert "entities person: 400" in outputs["import"]
     assert "validation after epoch 3 (filtered, full ranking)" in outputs["train"]
     assert (tmp_path / "work/friends/model/best/best.json").exists()
+    assert outputs["eval"].startswith("Evaluation of work/friends/model/best (version ")
     assert "filtered against 5,049 known edges" in outputs["eval"]
     filtered = next(line for line in outputs["eval"].splitlines() if line.startswith("filtered"))
     assert float(filtered.split()[2]) > 0.05  # learned something in 3 epochs (random: ~0.02)
