@@ -15,6 +15,7 @@ ranking against it measures nothing.
 
 from __future__ import annotations
 
+import array
 import csv
 import io
 import os
@@ -92,9 +93,9 @@ class _Rows:
     """What the first pass keeps per edge (ids only where the options need them)."""
 
     count: int = 0
-    rel: list[int] = field(default_factory=list)
-    lhs: list[int] = field(default_factory=list)
-    rhs: list[int] = field(default_factory=list)
+    rel: array.array = field(default_factory=lambda: array.array("q"))  # 8 bytes per edge
+    lhs: array.array = field(default_factory=lambda: array.array("q"))
+    rhs: array.array = field(default_factory=lambda: array.array("q"))
 
 
 class _Interner(dict[str, int]):
@@ -296,7 +297,7 @@ def _assign(rows: _Rows, opts: SplitOptions) -> tuple[np.ndarray, int]:
     labels = np.zeros(rows.count, dtype=np.int8)
     groups: list[np.ndarray | None]
     if opts.by_relation:
-        rel = np.asarray(rows.rel, dtype=np.int64)
+        rel = np.frombuffer(rows.rel, dtype=np.int64)
         order = np.argsort(rel, kind="stable")
         bounds = np.flatnonzero(np.diff(rel[order])) + 1
         groups = list(np.split(order, bounds)) if rows.count else []
@@ -312,8 +313,8 @@ def _assign(rows: _Rows, opts: SplitOptions) -> tuple[np.ndarray, int]:
         labels[perm[n_valid : n_valid + n_test]] = 2
     moved = 0
     if opts.keep_entities_in_train and rows.count:
-        lhs = np.asarray(rows.lhs, dtype=np.int64)
-        rhs = np.asarray(rows.rhs, dtype=np.int64)
+        lhs = np.frombuffer(rows.lhs, dtype=np.int64)
+        rhs = np.frombuffer(rows.rhs, dtype=np.int64)
         size = int(max(lhs.max(), rhs.max())) + 1
         train = labels == 0
         seen = np.bincount(lhs[train], minlength=size) + np.bincount(rhs[train], minlength=size)
