@@ -297,12 +297,12 @@ def test_output_path_is_a_directory(tmp_path: Path, capsys) -> None:
 def test_out_of_memory_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     import torch
 
-    import bigembed.train.loop as loop
+    import bigembed.selection as loop  # what `bigembed train` calls
 
     def huge(cfg, progress=True, report=None):
         torch.empty(2**45)  # torch raises RuntimeError("... DefaultCPUAllocator ...")
 
-    monkeypatch.setattr(loop, "train", huge)
+    monkeypatch.setattr(loop, "train_model", huge)
     write_graph(tmp_path)
     cfg_file = _config_file(graph_config(tmp_path), tmp_path / "c.json")
     assert cli_main(["train", str(cfg_file)]) != 0
@@ -311,7 +311,7 @@ def test_out_of_memory_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     def bug(cfg, progress=True, report=None):
         raise RuntimeError("a real bug")
 
-    monkeypatch.setattr(loop, "train", bug)
+    monkeypatch.setattr(loop, "train_model", bug)
     with pytest.raises(RuntimeError, match="a real bug"):
         cli_main(["train", str(cfg_file)])
 

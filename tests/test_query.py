@@ -61,14 +61,20 @@ def test_scores_match_predictions_and_directions(ring) -> None:
     )
 
 
-def test_similar_returns_itself_first(ring) -> None:
+def test_similar_leaves_itself_out_unless_asked(ring) -> None:
     _, _, model = ring
-    for metric in ("cos", "l2"):
+    for metric in ("cos", "l2", "dot"):
         res = model.similar("n3", k=4, metric=metric)
-        assert res[0].name == "n3" and len(res) == 4
+        assert "n3" not in [p.name for p in res] and len(res) == 4
         assert [p.score for p in res] == sorted((p.score for p in res), reverse=True)
-    assert model.similar("n3", k=1)[0].score == pytest.approx(1.0, abs=1e-5)
-    assert model.similar("n3", k=1, metric="l2")[0].score == 0.0
+        with_self = model.similar("n3", k=5, metric=metric, include_self=True)
+        assert [p.name for p in with_self if p.name != "n3"] == [p.name for p in res]
+    for metric in ("cos", "l2"):
+        res = model.similar("n3", k=4, metric=metric, include_self=True)
+        assert res[0].name == "n3" and len(res) == 4
+    assert model.similar("n3", k=1, include_self=True)[0].score == pytest.approx(1.0, abs=1e-5)
+    assert model.similar("n3", k=1, metric="l2", include_self=True)[0].score == 0.0
+    assert len(model.similar("n3", k=100)) == 11  # every other entity of the type
     # FAISS only when installed and asked: without it, the same exact answer
     assert model.similar("n3", k=3, use_faiss=True) == model.similar("n3", k=3)
 
@@ -143,6 +149,9 @@ def test_cli_predict_and_similar(ring, capsys) -> None:
     assert cli_main(["predict", cfg.checkpoint_path, "--rhs", t, "--rel", r, "--json"]) == 0
     assert f'"name": "{h}"' in capsys.readouterr().out
     assert cli_main(["similar", cfg.checkpoint_path, "n5", "-k", "3"]) == 0
+    listed = [line.split()[1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert len(listed) == 3 and "n5" not in listed
+    assert cli_main(["similar", cfg.checkpoint_path, "n5", "-k", "3", "--include-self"]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["1", "n5"]
     assert cli_main(["predict", cfg.checkpoint_path, "--lhs", "zz", "--rel", r]) == 2
     assert "unknown entity 'zz'" in capsys.readouterr().err

@@ -25,9 +25,11 @@ from bigembed.errors import BigembedError
 # Order here is the order in `bigembed --help`.
 COMMAND_MODULES = (
     "demo",
+    "split_cmd",
     "import_cmd",
     "config_cmd",
     "train_cmd",
+    "tune_cmd",
     "eval_cmd",
     "export_cmd",
     "query_cmd",

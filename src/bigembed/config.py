@@ -44,14 +44,19 @@ from bigembed.config_types import (
     BucketOrder,
     ComparatorName,
     ComputeDtypeName,
+    EvalProtocolName,
     Float,
     Int,
     LossName,
     OperatorName,
     PartitionPrecisionName,
     PrecisionName,
+    PrunerName,
     Regularizer,
+    SamplerName,
     StrategyName,
+    TuneParamType,
+    ValidationMetricName,
 )
 from bigembed.errors import ConfigError
 from bigembed.model.spec import ModelSpec, RelationSpec
@@ -122,6 +127,20 @@ BIGEMBED_ONLY_KEYS = (
     "communication.partition_precision",
     "communication.sync_every",
     "communication.sync_interval",
+    "early_stopping",
+    "early_stopping.valid_path",
+    "early_stopping.every",
+    "early_stopping.patience",
+    "early_stopping.metric",
+    "early_stopping.protocol",
+    "early_stopping.min_delta",
+    "early_stopping.filter_paths",
+    "tune",
+    "tune.n_trials",
+    "tune.params",
+    "tune.sampler",
+    "tune.pruner",
+    "tune.startup_trials",
 )
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -234,6 +253,94 @@ class CommunicationSchema(BaseModel):
         gt=0,
         description="bigembed only: asynchronous strategies (async_ps, async_model_average): "
         "the least seconds between two rounds of a trainer (PBG: 0.01, at most 100 per second).",
+    )
+
+
+class EarlyStoppingSchema(BaseModel):
+    """bigembed only: evaluate on validation edges during training, keep the best version."""
+
+    model_config = _MODEL_CONFIG
+
+    valid_path: str = Field(
+        description="bigembed only: the validation edges: an imported edge path or a "
+        "TSV/CSV/Parquet file of names (never trained on).",
+    )
+    every: Int = Field(
+        default=1, gt=0, description="bigembed only: evaluate after every this many epochs."
+    )
+    patience: Int = Field(
+        default=3,
+        gt=0,
+        description="bigembed only: stop after this many evaluations in a row without a gain "
+        "over the best.",
+    )
+    metric: ValidationMetricName = Field(
+        default="mrr",
+        description="bigembed only: what is compared: mrr, hits@1, hits@3, hits@10 or auc "
+        "(filtered with protocol full, raw with sampled).",
+    )
+    protocol: EvalProtocolName = Field(
+        default="full",
+        description="bigembed only: full (filtered ranking against every entity) or sampled "
+        "(against the config's negatives, raw; cheaper on big graphs).",
+    )
+    min_delta: Float = Field(
+        default=0.0, ge=0, description="bigembed only: the least gain that counts as one."
+    )
+    filter_paths: list[str] | None = Field(
+        default=None,
+        description="bigembed only: known true edges to filter with (null = edge_paths plus "
+        "valid_path).",
+    )
+
+
+class TuneParamSchema(BaseModel):
+    """bigembed only: the distribution of one tuned config key."""
+
+    model_config = _MODEL_CONFIG
+
+    type: TuneParamType = Field(description="float, int or categorical.")
+    low: float | None = Field(default=None, description="float/int: the least value.")
+    high: float | None = Field(default=None, description="float/int: the greatest value.")
+    log: Bool = Field(default=False, description="float/int: sample on a log scale.")
+    step: float | None = Field(default=None, description="float/int: grid step (optional).")
+    choices: list[Any] | None = Field(default=None, description="categorical: the values.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> TuneParamSchema:
+        if self.type == "categorical":
+            if not self.choices:
+                raise PydanticCustomError("tune", "categorical: give a non-empty choices list")
+        elif self.low is None or self.high is None or self.low > self.high:
+            raise PydanticCustomError("tune", f"{self.type}: give low <= high")
+        elif self.log and self.low <= 0:
+            raise PydanticCustomError("tune", "log: true needs low > 0")
+        return self
+
+
+class TuneSchema(BaseModel):
+    """bigembed only: the search of ``bigembed tune`` (Optuna)."""
+
+    model_config = _MODEL_CONFIG
+
+    n_trials: Int = Field(default=20, gt=0, description="bigembed only: trials in all.")
+    params: dict[str, TuneParamSchema] = Field(
+        description="bigembed only: config key (as -p takes it, e.g. lr, dimension, "
+        "relations.0.operator) -> distribution {type: float|int|categorical, low, high, log, "
+        "step, choices}.",
+    )
+    sampler: SamplerName = Field(
+        default="tpe", description="bigembed only: tpe (Optuna's default) or random."
+    )
+    pruner: PrunerName = Field(
+        default="median",
+        description="bigembed only: median (stop a trial whose validation metric is below the "
+        "median of earlier trials at the same epoch) or none.",
+    )
+    startup_trials: Int = Field(
+        default=2,
+        ge=0,
+        description="bigembed only: trials run to the end before pruning starts.",
     )
 
 
@@ -456,6 +563,17 @@ class ConfigSchema(BaseModel):
         description="bigembed only: how the distributed mode communicates (strategy, "
         "precisions: see the communication.* keys and docs/distributed.md).",
     )
+    early_stopping: EarlyStoppingSchema | None = Field(
+        default=None,
+        description="bigembed only: evaluate on validation edges every few epochs, keep the "
+        "best version in checkpoint_path/best/, stop when it stops improving (see the "
+        "early_stopping.* keys and docs/training.md).",
+    )
+    tune: TuneSchema | None = Field(
+        default=None,
+        description="bigembed only: the search space of `bigembed tune` (see the tune.* keys "
+        "and docs/tuning.md); ignored by train.",
+    )
 
     _norm = model_validator(mode="before")(_mixed_case_to_snake)
 
@@ -542,6 +660,11 @@ def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
         problems.append(
             "disable_rhs_negs: cannot be true together with disable_lhs_negs: true "
             "(no negatives would be left)"
+        )
+    if cfg.early_stopping is not None and cfg.num_machines > 1:
+        problems.append(
+            "early_stopping: not supported in distributed mode (num_machines > 1) yet; train "
+            "on one machine or evaluate the checkpoints with bigembed eval"
         )
     if cfg.num_machines > 1 and not cfg.distributed_init_method:
         problems.append(
@@ -739,6 +862,8 @@ def config_keys() -> list[tuple[str, str, str, str]]:
             ("entities.TYPE.", EntitySchema),
             ("relations[i].", RelationSchema),
             ("communication.", CommunicationSchema),
+            ("early_stopping.", EarlyStoppingSchema),
+            ("tune.", TuneSchema),
         ]
     )
 

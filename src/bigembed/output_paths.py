@@ -39,7 +39,15 @@ WRITER = "bigembed"
 
 # Kinds of output that --force may replace, and what proves an existing one is bigembed's.
 STORE_FORMATS = {"entity store": "bigembed-entities", "edge store": "bigembed-edges"}
-MARKED_KINDS = ("export", "checkpoint", "entities", "pbg-checkpoint", "pbg-entities")
+MARKED_KINDS = (
+    "export",
+    "checkpoint",
+    "entities",
+    "pbg-checkpoint",
+    "pbg-entities",
+    "split",
+    "tune",
+)
 FILE_KINDS = ("eval-report", "png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVAL_REPORT_KEYS = ("protocol", "checkpoint", "version", "overall")

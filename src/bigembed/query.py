@@ -287,17 +287,19 @@ class EmbeddingModel:
         type: str | None = None,
         metric: str = "cos",
         use_faiss: bool = False,
+        include_self: bool = False,
     ) -> list[Prediction]:
         """The ``k`` entities of the same type whose vectors are closest to ``name``'s.
 
         ``metric``: "cos" (cosine similarity), "dot" (inner product) or "l2" (score = minus the
-        Euclidean distance). The entity itself is included (first, for "cos" and "l2").
+        Euclidean distance). The entity itself is left out unless ``include_self`` (then it
+        comes first for "cos" and "l2").
         Exact search, chunked over partitions; ``use_faiss=True`` uses FAISS for each block
         when it is installed (and falls back to the exact torch search, with a warning, when
         it is not).
 
         >>> [p.name for p in model.similar("paris", k=3)]
-        ['paris', 'lyon', 'marseille']
+        ['lyon', 'marseille', 'nice']
         """
         if metric not in METRICS:
             raise QueryError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
@@ -308,15 +310,20 @@ class EmbeddingModel:
             x = self.tables.adjusted(etype, x)
             return torch.nn.functional.normalize(x, dim=-1) if metric == "cos" else x
 
-        query = prep(self.tables.gather(etype, self._ids(etype, [name])))
+        ids = self._ids(etype, [name])
+        query = prep(self.tables.gather(etype, ids))
         if use_faiss and not faiss_available():
             logger.warning("FAISS is not installed; using the exact torch search")
             use_faiss = False
+        want = k if include_self else k + 1  # one more, then drop the query entity
         if use_faiss:
-            top = self._search_faiss(query, etype, k, prep, "l2" if metric == "l2" else "dot")
+            kind = "l2" if metric == "l2" else "dot"
+            best = self._search_faiss(query, etype, want, prep, kind)[0]
         else:
-            top = self._search(query, etype, k, prep, _similarity(metric), None)
-        return self._predictions(etype, top[0])
+            best = self._search(query, etype, want, prep, _similarity(metric), None)[0]
+        if not include_self:
+            best = [(i, s) for i, s in best if i != int(ids[0])][:k]
+        return self._predictions(etype, best)
 
     # ------------------------------------------------------------------ search helpers
     def _blocks(self, etype: str, queries: int):

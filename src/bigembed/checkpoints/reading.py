@@ -20,11 +20,29 @@ import numpy as np
 import torch
 
 from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, check_same_import
-from bigembed.checkpoints.store import CheckpointStore, npy_header
+from bigembed.checkpoints.store import BEST_DIR, BEST_FILE, CheckpointStore, npy_header
 from bigembed.config import ConfigSchema, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
 from bigembed.model.scoring import ScoringModel
 from bigembed.storage import EntityStore
+
+VERSIONS = ("latest", "best")
+
+
+def checkpoint_dir(path: str | os.PathLike[str], version: str = "latest") -> Path:
+    """The directory to read ``version`` of the checkpoint at ``path`` from: ``latest`` (the
+    committed version) is ``path``; ``best`` (early stopping's) is the snapshot ``path/best``."""
+    if version == "latest":
+        return Path(path)
+    if version != "best":
+        raise CheckpointError(f"unknown checkpoint version {version!r} (known: latest, best)")
+    store = CheckpointStore(path)
+    if store.read_best() is None:
+        raise CheckpointError(
+            f"{store.path}: no best version ({store.path / BEST_DIR}/{BEST_FILE} missing); it "
+            "is kept by training with an early_stopping section"
+        )
+    return store.path / BEST_DIR
 
 
 @dataclass

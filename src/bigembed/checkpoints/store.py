@@ -60,9 +60,12 @@ from bigembed.checkpoints.metadata import CheckpointMetadata, partition_key_text
 from bigembed.errors import CheckpointError
 
 __all__ = [
+    "BEST_DIR",
+    "BEST_FILE",
     "CONFIG_FILE",
     "FRESH_MARKER",
     "STATS_FILE",
+    "VALIDATION_FILE",
     "VERSION_FILE",
     "CheckpointStore",
     "npy_header",
@@ -70,6 +73,9 @@ __all__ = [
 VERSION_FILE = "checkpoint_version.txt"
 STATS_FILE = "training_stats.json"
 CONFIG_FILE = "config.json"
+VALIDATION_FILE = "validation_stats.json"  # early stopping's evaluations, JSON lines
+BEST_DIR = "best"  # the best version so far: a snapshot (hard links) like epoch_N/
+BEST_FILE = "best.json"  # in BEST_DIR: which version, its metric; proves the snapshot is ours
 # Present only while a run that started from an empty directory has not committed its first
 # version: it proves that the version-1 files next to it were written by bigembed.
 FRESH_MARKER = ".first_version_in_progress"
@@ -77,8 +83,8 @@ _VERSIONED = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.(?P<ext>npy|pt|json)
 # Temporary names bigembed itself creates: atomic_file / atomic_write_bytes (mkstemp adds
 # ".XXXXXXXX"), link_partition's copy fallback (".NAME.tmp"), preserve's ".epoch_E.tmp/".
 _TMP_FILE = re.compile(r"^\.(?P<name>.+?)(?:\.[a-z0-9_]{8})?\.tmp$")
-_TMP_SNAPSHOT = re.compile(r"^\.epoch_\d+\.tmp$")
-_OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER}
+_TMP_SNAPSHOT = re.compile(r"^\.(?:epoch_\d+|best)(?:\.old)?\.tmp$")
+_OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER, VALIDATION_FILE, BEST_FILE}
 
 logger = logging.getLogger(__name__)
 
@@ -553,23 +559,98 @@ class CheckpointStore:
 
     def preserve(self, version: int, epoch: int) -> Path:
         """Keep a snapshot of ``version`` in ``epoch_{epoch}/`` (hard links, so no copy)."""
-        snap = self.path / f"epoch_{epoch}"
-        tmp = self.path / f".epoch_{epoch}.tmp"
+        return self._snapshot(version, f"epoch_{epoch}", {})
+
+    def _snapshot(self, version: int, name: str, extra: dict[str, str]) -> Path:
+        """``name/``: a checkpoint directory of its own holding ``version`` (hard links), the
+        config and stats, and the ``extra`` files; built aside and swapped in by renames."""
+        snap = self.path / name
+        tmp = self.path / f".{name}.tmp"
+        old = self.path / f".{name}.old.tmp"
         try:
-            if tmp.exists():
+            if tmp.exists() or old.exists():
                 self._remove_temporaries()
             tmp.mkdir(parents=True)
             for p in self.files_of(version):
                 os.link(p, tmp / p.name)
             atomic_write_text(tmp / VERSION_FILE, f"{version}\n")
-            for name in (CONFIG_FILE, STATS_FILE):
-                if (self.path / name).exists():
-                    shutil.copyfile(self.path / name, tmp / name)
+            for own in (CONFIG_FILE, STATS_FILE):
+                if (self.path / own).exists():
+                    shutil.copyfile(self.path / own, tmp / own)
+            for extra_name, text in extra.items():
+                atomic_write_text(tmp / extra_name, text)
             if snap.exists():
-                shutil.rmtree(snap)
+                os.replace(snap, old)
             os.replace(tmp, snap)
             fsync_dir(self.path)
+            shutil.rmtree(old, ignore_errors=True)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise _write_error(snap, exc) from None
         return snap
+
+    # ------------------------------------------------------------------ best version
+    def read_best(self) -> dict[str, Any] | None:
+        """``best/best.json`` when ``best/`` is bigembed's snapshot of a version, else None."""
+        path = self.path / BEST_DIR / BEST_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        ours = isinstance(data, dict) and data.get("written_by") == "bigembed"
+        if ours and isinstance(data.get("version"), int):
+            return data
+        return None
+
+    def save_best(self, version: int, info: dict[str, Any]) -> Path:
+        """Make ``version`` the kept best one (``best/``, hard links; ``info`` goes to
+        ``best/best.json``). A ``best`` entry bigembed did not write is refused, not replaced."""
+        snap = self.path / BEST_DIR
+        if (snap.exists() or snap.is_symlink()) and (
+            snap.is_symlink() or not snap.is_dir() or self.read_best() is None
+        ):
+            raise CheckpointError(
+                f"{snap}: exists but is not bigembed's best-version snapshot (no {BEST_FILE}); "
+                "refusing to replace it: move it away"
+            )
+        record = {"written_by": "bigembed", **info, "version": version}
+        return self._snapshot(version, BEST_DIR, {BEST_FILE: json.dumps(record, indent=1)})
+
+    # ------------------------------------------------------------------ validation log
+    def read_validation(self, max_version: int | None = None) -> list[dict[str, Any]]:
+        """Early stopping's evaluation records (JSON lines), up to ``max_version``; a damaged
+        line is skipped with a warning."""
+        path = self.path / VALIDATION_FILE
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except (OSError, UnicodeDecodeError) as exc:
+            logger.warning("%s: unreadable (%s); ignoring it", path, exc)
+            return []
+        out = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                logger.warning("%s:%d: not JSON; line skipped", path, number)
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("version"), int):
+                logger.warning("%s:%d: no version; line skipped", path, number)
+                continue
+            if max_version is None or record["version"] <= max_version:
+                out.append(record)
+        return out
+
+    def append_validation(self, record: dict[str, Any]) -> None:
+        """Add one evaluation record (the file is rewritten atomically, records of versions
+        newer than ``record``'s dropped: they belong to an abandoned run)."""
+        kept = self.read_validation(max_version=int(record["version"]) - 1)
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in [*kept, record])
+        path = self.path / VALIDATION_FILE
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            raise _write_error(path, exc) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bigembed.commands.columns import add_column_arguments
+from bigembed.commands.versions import add_version_argument, checkpoint_of
 from bigembed.config import add_config_arguments, config_from_args
 
 
@@ -99,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "16M floats whatever the graph size",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_version_argument(p)
     add_edge_file_arguments(p)
     p.set_defaults(func=run)
 
@@ -107,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.eval.report import evaluate_checkpoint
 
     cfg = config_from_args(args)
+    if args.checkpoint_version != "latest":
+        best = checkpoint_of(cfg.checkpoint_path, args)
+        cfg = cfg.model_copy(update={"checkpoint_path": str(best)})
     if args.output:  # refused before any work: never over an input, a report only with --force
         from bigembed.output_paths import check_output_file
 

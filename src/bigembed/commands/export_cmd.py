@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bigembed.commands.versions import add_version_argument, checkpoint_of
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from_formats = ("tsv", "npy", "parquet", "projector")
@@ -21,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", required=True, help="output directory (must not exist)")
     p.add_argument("--entity-path", help="entity names (default: the checkpoint config's)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    add_version_argument(p)
     p.set_defaults(func=run)
 
 
@@ -28,7 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.export import export_checkpoint
 
     manifest = export_checkpoint(
-        args.checkpoint_dir, args.fmt, args.output, entity_path=args.entity_path, force=args.force
+        checkpoint_of(args.checkpoint_dir, args),
+        args.fmt,
+        args.output,
+        entity_path=args.entity_path,
+        force=args.force,
     )
     counts = ", ".join(
         f"{t}: {v['count']:,} x {v['dimension']}" for t, v in manifest["entity_types"].items()

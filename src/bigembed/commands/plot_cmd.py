@@ -10,7 +10,10 @@ from bigembed.output_paths import check_output_file, writing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plot", help="draw loss and eval curves of a training run to a PNG")
+    p = subparsers.add_parser(
+        "plot",
+        help="draw loss, withheld-edge eval and validation (early stopping) curves to a PNG",
+    )
     p.add_argument("checkpoint_dir", help="a checkpoint directory (checkpoint_path)")
     p.add_argument(
         "-o",
@@ -35,9 +38,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else store.path / "training.png"
     # the default lives in the checkpoint directory: refuse only what plot reads, and replace
     # only an earlier PNG (never a checkpoint file, a directory or a file of the user's)
-    read = [store.path / "training_stats.json", store.path / "checkpoint_version.txt"]
+    read = [
+        store.path / "training_stats.json",
+        store.path / "checkpoint_version.txt",
+        store.path / "validation_stats.json",
+    ]
     check_output_file(out, "png", force=False, inputs=read)
     with writing(out, "plot"):
-        plot_training(log, out)
+        plot_training(log, out, store.read_validation(max_version=store.committed_version()))
     print(f"Wrote {out}")
     return 0

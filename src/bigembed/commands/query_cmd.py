@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from bigembed.commands.versions import add_version_argument, checkpoint_of
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -47,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="similarity: cos (default), dot, or l2 (score = -distance)",
     )
     s.add_argument("--faiss", action="store_true", help="search with FAISS if installed")
+    s.add_argument(
+        "--include-self",
+        action="store_true",
+        help="list NAME itself too (left out by default)",
+    )
     _common(s)
     s.set_defaults(func=run_similar)
 
@@ -54,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entity-path", help="entity names (default: the checkpoint config's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_version_argument(p)
 
 
 def _print(predictions, args: argparse.Namespace, title: str) -> None:
@@ -78,7 +86,7 @@ def _print(predictions, args: argparse.Namespace, title: str) -> None:
 def run_predict(args: argparse.Namespace) -> int:
     from bigembed.query import load
 
-    model = load(args.checkpoint_dir, args.entity_path)
+    model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     rel: str | int = args.rel
     if rel not in model.relation_names and str(rel).isdigit():
         rel = int(rel)
@@ -98,9 +106,14 @@ def run_predict(args: argparse.Namespace) -> int:
 def run_similar(args: argparse.Namespace) -> int:
     from bigembed.query import load
 
-    model = load(args.checkpoint_dir, args.entity_path)
+    model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     preds = model.similar(
-        args.name, k=args.k, type=args.type, metric=args.metric, use_faiss=args.faiss
+        args.name,
+        k=args.k,
+        type=args.type,
+        metric=args.metric,
+        use_faiss=args.faiss,
+        include_self=args.include_self,
     )
     _print(preds, args, f"Nearest to {args.name} ({args.metric}):")
     return 0

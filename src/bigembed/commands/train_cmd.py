@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from bigembed.train.loop import train
+    from bigembed.selection import train_model
 
     cfg = config_from_args(args)
     progress = not args.no_progress
@@ -44,13 +44,16 @@ def run(args: argparse.Namespace) -> int:
         if args.rank == 0:
             _print_summary(cfg, result, trainers=cfg.num_machines)
         return 0
-    _print_summary(cfg, train(cfg, progress=progress, report=tqdm.write), trainers=1)
+    _print_summary(cfg, train_model(cfg, progress=progress, report=tqdm.write), trainers=1)
     return 0
 
 
 def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> None:
     if result.steps_run == 0:
-        print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
+        if result.stopped is not None:
+            print(f"Nothing to do: {result.stopped}.")
+        else:
+            print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
         return
     last = result.last_step
     loss = last.stats.loss if last is not None else float("nan")
@@ -60,9 +63,12 @@ def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> 
         f"{result.seconds:.1f}s ({result.edges_per_sec:,.0f} edges/s); last loss "
         f"{loss:.4f}. Checkpoint: {cfg.checkpoint_path}"
     )
+    if result.stopped is not None:
+        print(f"Stopped early: {result.stopped}.")
     after = last.eval_after if last is not None else None
     if after:
         print(
-            "Withheld-edge eval after the last step: "
+            "Withheld-edge eval after the last step (sampled negatives, raw ranks; "
+            "`bigembed eval` for filtered full ranking): "
             + json.dumps({k: round(v, 4) for k, v in after.items() if k != "count"})
         )

@@ -21,6 +21,7 @@ from bigembed.edgelists.inputs import (
 )
 from bigembed.edgelists.locate import first_wrong_width, header_suspicion, lines_of_rows, location
 from bigembed.edgelists.names import EdgeNameFile, NameBatch, NameFileOptions
+from bigembed.edgelists.splitting import PARTS, SplitOptions, SplitSummary, split_edges
 from bigembed.edgelists.validate import (
     BAD_UTF8,
     EMPTY_NAME,
@@ -43,6 +44,7 @@ __all__ = [
     "EMPTY_RELATION",
     "FORMATS",
     "NUL_BYTE",
+    "PARTS",
     "UNKNOWN_RELATION",
     "WRONG_WIDTH",
     "BadColumnCount",
@@ -53,6 +55,8 @@ __all__ = [
     "NameBatch",
     "NameFileOptions",
     "Problem",
+    "SplitOptions",
+    "SplitSummary",
     "TextOptions",
     "as_strings",
     "check_names",
@@ -65,4 +69,5 @@ __all__ = [
     "header_suspicion",
     "lines_of_rows",
     "location",
+    "split_edges",
 ]

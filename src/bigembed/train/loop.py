@@ -44,6 +44,7 @@ from bigembed.train.observers import (
     HeldOut,
     Observers,
     ProgressDisplay,
+    StopTraining,
     TrainingObserver,
     WithheldEdgeEval,
 )
@@ -52,7 +53,16 @@ from bigembed.train.policy import CheckpointPolicy, LocalCheckpoints, resume
 from bigembed.train.records import BucketRecord, EdgeStats, Position, StepLog, StepRecord
 from bigembed.train.step import StepStats
 
-__all__ = ["BucketSource", "Iteration", "LocalBucketSource", "Trainer", "iterations", "train"]
+__all__ = [
+    "BucketSource",
+    "Iteration",
+    "LocalBucketSource",
+    "StopTraining",
+    "TrainResult",
+    "Trainer",
+    "iterations",
+    "train",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +102,7 @@ class TrainResult:
     last_step: StepRecord | None = None
     peak_partition_bytes: int = 0
     total_partition_bytes: int = 0
+    stopped: str | None = None  # why an observer ended training early (None: it ran to the end)
 
     @property
     def edges_per_sec(self) -> float:
@@ -122,6 +133,7 @@ class TrainingLoop:
         self.checkpoints = checkpoints
         self.observers = Observers(observers)
         self.gate = gate
+        self._last_record: StepRecord | None = None
 
     def run(self, start: int) -> TrainResult:
         cfg = self.cfg
@@ -141,11 +153,18 @@ class TrainingLoop:
         started = time.perf_counter()
         try:
             for it in iterations(cfg.num_epochs, len(cfg.edge_paths), self.job.num_chunks, start):
-                step = self._run_step(it, pool)
+                try:
+                    step = self._run_step(it, pool)
+                except StopTraining as stop:  # raised after the step's commit
+                    result.stopped = str(stop)
+                    assert self._last_record is not None
+                    step = self._last_record
                 result.steps_run += 1
                 result.edges += step.stats.count
                 result.version = it.version
                 result.last_step = step
+                if result.stopped is not None:
+                    break
         finally:
             pool.close()
         result.seconds = time.perf_counter() - started
@@ -201,6 +220,7 @@ class TrainingLoop:
         )
         observers.step_finished(step)
         self.checkpoints.commit_step(it, StepLog(records, step))
+        self._last_record = step
         observers.step_committed(step)
         return step
 

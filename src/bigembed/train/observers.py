@@ -48,6 +48,11 @@ class BucketWork:
     held_out: HeldOut | None
 
 
+class StopTraining(Exception):
+    """Raised by an observer from ``step_committed`` to end training after that step (early
+    stopping, a pruned trial); the message says why. The committed checkpoint stays as it is."""
+
+
 class TrainingObserver(Protocol):
     """Watches a step; called by the loop in this order for every step it runs."""
 
@@ -68,7 +73,8 @@ class TrainingObserver(Protocol):
         """The step's partitions are saved; ``record`` is about to be committed."""
 
     def step_committed(self, record: StepRecord) -> None:
-        """The step is committed (its checkpoint version is on disk)."""
+        """The step is committed (its checkpoint version is on disk); may raise
+        :class:`StopTraining` to end the run here."""
 
 
 class Observer:
@@ -239,6 +245,7 @@ class ProgressDisplay(Observer):
             f"{record.edges_per_sec:,.0f} edges/s  {record.seconds:.1f}s"
         )
         if record.eval_before is not None and record.eval_after is not None:
-            line += f"  eval mrr {record.eval_before['mrr']:.3f} -> {record.eval_after['mrr']:.3f}"
+            before, after = record.eval_before["mrr"], record.eval_after["mrr"]
+            line += f"  withheld-edge mrr (sampled) {before:.3f} -> {after:.3f}"
         if self.report is not None:
             self.report(line)
