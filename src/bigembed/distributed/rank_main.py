@@ -117,7 +117,12 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
 
     def body() -> None:
         server = PartitionServer(
-            rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
+            rank,
+            ctx.address,
+            ctx.timeout,
+            on_error=ctx.fail,
+            session=ctx.session,
+            trainers=ctx.layout.num_trainers,
         )
         server.start()
         while not server.stopped.wait(1.0):
