@@ -32,8 +32,10 @@ MARGIN = 12.0  # after T: the exit path (at most ~4 s) plus a loaded 2-core mach
 
 def _wait_exit(proc: subprocess.Popen[str], within: float, what: str) -> str:
     """The output of ``proc``, which must have exited within ``within`` seconds."""
+    start = time.monotonic()
     try:
         out, _ = proc.communicate(timeout=within)
+        print(f"{what}: exited with {proc.returncode} after {time.monotonic() - start:.1f}s")
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -171,8 +173,8 @@ def test_wrong_num_machines_is_named_on_every_rank(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- restarts
 def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> None:
-    """A run of 2 ranks stopped by a kill of rank 0 while it snapshots (its ``.epoch_N.tmp/``
-    left behind) resumes on 1 machine, then with 2 ranks again via launch."""
+    """A kill of rank 0 while it snapshots leaves ``.epoch_N.tmp/``: the 2-rank restart
+    cleans it up and resumes; then one machine (fewer ranks) resumes the same checkpoint."""
     cfg_path, cfg = make_graph(tmp_path, num_epochs=2, checkpoint_preservation_interval=1)
     port = free_port()
     procs = [start_rank(cfg_path, r, port) for r in (0, 1)]
@@ -180,14 +182,28 @@ def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> N
     assert [p.returncode for p in procs] == [0, 0], outs
     ck = Path(cfg.checkpoint_path)
     assert (ck / "epoch_2").is_dir()
-    # What a kill during preserve(2) leaves: a half-filled snapshot directory.
-    tmp = ck / ".epoch_2.tmp"
-    tmp.mkdir()
-    some = sorted(p for p in (ck / "epoch_2").iterdir() if p.name.endswith(".npy"))[0]
-    os.link(some, tmp / some.name)
-    # Fewer ranks: one machine takes over (num_machines=1), two more epochs.
-    one = subprocess.run(
-        [*CLI, "train", str(cfg_path), "--no-progress", "-p", "num_epochs=3"],
+
+    def interrupted_snapshot() -> Path:
+        """What a kill during preserve(2) leaves: a half-filled snapshot directory."""
+        tmp = ck / ".epoch_2.tmp"
+        tmp.mkdir()
+        some = sorted(p for p in (ck / "epoch_2").iterdir() if p.name.endswith(".npy"))[0]
+        os.link(some, tmp / some.name)
+        return tmp
+
+    tmp = interrupted_snapshot()
+    two = subprocess.run(
+        [*CLI, "launch", str(cfg_path), "-n", "2", "-p", "num_epochs=3"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert two.returncode == 0 and "Traceback" not in two.stdout, two.stdout + two.stderr
+    assert not tmp.exists()
+    tmp = interrupted_snapshot()
+    one = subprocess.run(  # fewer ranks: one machine takes over (num_machines=1)
+        [*CLI, "train", str(cfg_path), "--no-progress", "-p", "num_epochs=4"],
         capture_output=True,
         text=True,
         env=ENV,
@@ -195,14 +211,6 @@ def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> N
     )
     assert one.returncode == 0 and "Traceback" not in one.stderr, one.stdout + one.stderr
     assert not tmp.exists()
-    two = subprocess.run(
-        [*CLI, "launch", str(cfg_path), "-n", "2", "-p", "num_epochs=4"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-    )
-    assert two.returncode == 0, two.stdout + two.stderr
     store = CheckpointStore(cfg.checkpoint_path)
     assert store.committed_version() == 4
     steps = [r["version"] for r in store.read_stats() if r["type"] == "step"]
