@@ -172,6 +172,7 @@ class DistContext:
             self._join_with_secret(store, world, join_timeout)
         else:
             self._join(store, world, join_timeout)
+        self.watchdog.session = self.session
         self.watchdog.watch_peers()
         self._check_configs(store)
         self._init_groups()
@@ -447,10 +448,8 @@ class DistContext:
 
     def abort(self, message: str) -> None:
         """Stop the run at once after an error of this rank, telling the others why."""
-        store = self.store
-        if store is not None:  # best effort: the others' watchdogs will notice anyway
-            text = f"{self.layout.role(self.rank)} failed: {message}"
-            best_effort(lambda: store.set("abort", text), min(self.timeout, 2.0))
+        if self.watchdog is not None:  # best effort: the others' watchdogs will notice anyway
+            self.watchdog.publish_abort(f"{self.layout.role(self.rank)} failed: {message}")
         self.on_fatal(message)
 
     # ------------------------------------------------------------------ shutdown

@@ -203,7 +203,11 @@ class RpcServer:
                         raise BadMac(f"{key}: malformed request")
                 except (BadMac, ValueError) as exc:
                     self.dropped += 1
-                    logger.warning("%s: dropped an invalid request (%s)", self.channel, exc)
+                    logger.warning(
+                        "%s: dropped a request without a valid MAC, or malformed (%s)",
+                        self.channel,
+                        exc,
+                    )
                     n, since = n + 1, time.monotonic()
                     continue
                 try:

@@ -35,8 +35,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.store import StoreAddress, best_effort, is_timeout
+from bigembed.distributed.store import StoreAddress, best_effort, is_timeout, store_set
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Watchdog:
         self.store = address.namespaced(address.client(timeout))
         self.peers = [r for r in range(layout.world_size) if r != rank]
         self.failure: str | None = None
+        self.session: Session | None = None  # set once joined with a secret: signs ``abort``
         self.last_ok = time.monotonic()  # when a heartbeat last completed
         self._watching = threading.Event()
         self._stop = threading.Event()
@@ -159,8 +161,7 @@ class Watchdog:
                 if not self._watching.is_set():
                     continue
                 if self.store.check(["abort"]):
-                    message = self.store.get("abort").decode()
-                    self._die(message, publish=False)
+                    self._die(self.read_abort(self.store.get("abort")), publish=False)
                     return
                 values = self.store.multi_get(keys) if keys else []
                 store_errors = 0
@@ -209,8 +210,25 @@ class Watchdog:
             self.failure = message
         if publish:  # best effort; the others have their own watch
             text = f"{message} (noticed by {self.layout.role(self.rank)})"
-            best_effort(lambda: self.store.set("abort", text), min(self.timeout, 2.0))
+            self.publish_abort(text)
         self.on_fatal(message)
+
+    def publish_abort(self, text: str) -> None:
+        """Tell every rank the run is over, and why (signed with the run's secret, if any)."""
+        value = seal(self.session, "abort", text)
+        best_effort(lambda: store_set(self.store, "abort", value), min(self.timeout, 2.0))
+
+    def read_abort(self, value: bytes) -> str:
+        """The reason in ``abort``; with a secret, a forged one is reported as such (the run
+        stops anyway: anybody who reaches the store can stop it)."""
+        try:
+            return unseal(self.session, "abort", value).decode(errors="replace")
+        except BadMac:
+            text = value.decode(errors="replace")[:200]
+            return (
+                "somebody else wrote an abort to the rendezvous store, not signed with the "
+                f"run's secret: {text!r}"
+            )
 
     def fail(self, message: str) -> None:
         """Stop the run after a communication error, naming the dead peer if one shows up."""
