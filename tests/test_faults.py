@@ -324,3 +324,24 @@ def test_link_down_between_the_ranks_stops_both(tmp_path: Path, namespace_pair) 
     assert [p.returncode != 0 for p in procs] == [True, True]
     _one_error(outs[0], "rank 1 (trainer) is gone")
     _one_error(outs[1], "cannot reach the rendezvous store", ADDR[0])
+
+
+# ---------------------------------------------------------------------- a forged abort
+def test_forged_abort_is_named_as_such_with_a_secret(tmp_path: Path) -> None:
+    """With a secret, a stranger can still stop the run (the store is open), but cannot make
+    the ranks print its text as if a member had failed."""
+    from test_security import SECRET, _connect
+
+    cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
+    port = free_port()
+    env = {**ENV, "BIGEMBED_SECRET": SECRET}
+    procs = [start_rank(cfg_path, r, port, env=env) for r in (0, 1)]
+    try:
+        _wait_training(cfg, procs)
+        _connect(port).set("abort", "rank 1 (trainer) failed: disk on fire")
+        outs = [_wait_exit(p, T + MARGIN, f"rank {r}") for r, p in enumerate(procs)]
+    finally:
+        _kill_all(procs)
+    assert [p.returncode != 0 for p in procs] == [True, True]
+    for out in outs:
+        _one_error(out, "somebody else wrote an abort", "not signed with the run's secret")
