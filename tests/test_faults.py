@@ -139,9 +139,12 @@ def test_foreign_listener_on_the_store_port(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- SIGTERM, wrong shape
 def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path) -> None:
+    """Also: ranks started by hand, without OMP_NUM_THREADS and TORCH_CPP_LOG_LEVEL (which
+    launch sets), share the cores and print no c10d warnings."""
     cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
     port = free_port()
-    procs = [start_rank(cfg_path, r, port) for r in (0, 1)]
+    bare = {k: v for k, v in ENV.items() if k not in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL")}
+    procs = [start_rank(cfg_path, r, port, env=bare) for r in (0, 1)]
     try:
         _wait_training(cfg, procs)
         os.kill(procs[1].pid, signal.SIGTERM)
@@ -151,6 +154,10 @@ def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path) -> None:
     assert [p.returncode != 0 for p in procs] == [True, True]
     _one_error(outs[1], "interrupted by SIGTERM")
     _one_error(outs[0], "rank 1 (trainer) failed: interrupted by SIGTERM")
+    share = max(1, (os.cpu_count() or 1) // 2)
+    for out in outs:
+        assert f"{share} torch threads (2 trainers on this machine" in out, out
+        assert "[c10d]" not in out, out
 
 
 def test_wrong_num_machines_is_named_on_every_rank(tmp_path: Path) -> None:
