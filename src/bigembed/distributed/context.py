@@ -458,7 +458,8 @@ class DistContext:
 
         Leaving is bounded: on a dead connection its store calls would never return."""
         wait_s = min(self.timeout, 3.0)
-        best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
+        if self.watchdog is None or not self.watchdog.store_lost:
+            best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
         self._exit(message)
 
     def _leave(self, wait_s: float) -> None:

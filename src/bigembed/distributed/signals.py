@@ -22,9 +22,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def install_stop_signals(on_stop: Callable[[str], None]) -> Callable[[], None]:
     """Call ``on_stop("interrupted by SIGTERM")`` (or SIGINT) when one arrives.
 
-    Must be called from the main thread; returns a function that restores the previous
+    Only the main thread can set handlers: from another thread (a rank run inside a test or
+    an embedding program) nothing is installed. Returns a function that restores the previous
     handlers (when the rank finished normally).
     """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}

@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
+import logging
 import os
 import socket
 import struct
@@ -46,6 +48,7 @@ from bigembed.distributed.auth import BIND_ENV
 from bigembed.errors import PeerError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "bigembed"
 _LISTENERS: list[socket.socket] = []  # bound sockets handed to TCPStore: kept open while it runs
@@ -251,6 +254,14 @@ def _bound_listener(bind: str, port: int, method: str) -> socket.socket:
         family, kind, proto, _, addr = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
         raise PeerError(f"{where}: not an address ({exc.strerror})") from None
+    if _is_loopback_name(bind, str(addr[0])):
+        logger.warning(
+            "%s: %s resolves to %s on this machine, a loopback address: only ranks on this "
+            "machine can reach the store; name an address the others can reach (or --bind it)",
+            method,
+            bind,
+            addr[0],
+        )
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -269,6 +280,21 @@ def _bound_listener(bind: str, port: int, method: str) -> socket.socket:
         ) from None
     _LISTENERS.append(sock)
     return sock
+
+
+def _is_loopback_name(name: str, address: str) -> bool:
+    """``name`` is a host name (not an address, not "localhost") that resolves to a loopback
+    address, as a Debian machine's own name does (127.0.1.1 in /etc/hosts)."""
+    try:
+        ipaddress.ip_address(name)
+        return False
+    except ValueError:
+        pass
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+    return loopback and name != "localhost"
 
 
 def _first_line(text: str) -> str:

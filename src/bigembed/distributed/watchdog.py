@@ -83,6 +83,7 @@ class Watchdog:
         self.failure: str | None = None
         self.session: Session | None = None  # set once joined with a secret: signs ``abort``
         self.last_ok = time.monotonic()  # when a heartbeat last completed
+        self.store_lost = False  # the deadman fired: no store call can complete now
         self._watching = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -129,9 +130,11 @@ class Watchdog:
                 why = (
                     f"{self.layout.role(0)} is frozen or unreachable (network down or partitioned?)"
                 )
+            self.store_lost = True  # publishing or leaving would only wait for nothing
             self._die(
                 f"cannot reach the rendezvous store at {self.address.method} for {silent:.0f}s "
-                f"(distributed_timeout is {self.timeout:g}s): {why}"
+                f"(distributed_timeout is {self.timeout:g}s): {why}",
+                publish=False,
             )
             return
 
