@@ -83,7 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_torch() -> None:
+    """Silence torch's C++ warnings (before torch is imported: c10 reads this once).
+
+    c10d prints a warning with a socket dump for every store wait that times out, several a
+    second on a distributed rank, burying the lines that matter. ``TORCH_CPP_LOG_LEVEL=INFO``
+    (or WARNING) in the environment brings them back.
+    """
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_torch()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -30,6 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="number of trainer ranks (default: num_machines of the config)",
     )
     p.add_argument("--progress", action="store_true", help="progress bars of rank 0")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after a rank fails, stop the others and start every rank again, up to N times "
+        "(each attempt resumes from the last committed checkpoint; default 0: no restart)",
+    )
     add_security_arguments(p)
     p.set_defaults(func=run_launch)
 
@@ -50,7 +58,13 @@ def run_launch(args: argparse.Namespace) -> int:
     from bigembed.commands.launch_ranks import launch
 
     apply_security_arguments(args)
-    return launch(args.config, args.param or [], args.nproc, progress=args.progress)
+    return launch(
+        args.config,
+        args.param or [],
+        args.nproc,
+        progress=args.progress,
+        max_restarts=args.max_restarts,
+    )
 
 
 def run_partition_server(args: argparse.Namespace) -> int:

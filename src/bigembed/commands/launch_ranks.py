@@ -5,6 +5,10 @@ for tests. It picks ``tcp://127.0.0.1:FREE_PORT`` when the config names no
 ``distributed_init_method``, forwards the ``-p`` overrides to every rank, starts the external
 partition servers too when ``num_partition_servers`` > 0, prefixes every output line with the
 rank it came from, and, when a rank fails, stops the others and exits non-zero.
+
+``--max-restarts N`` (as torchrun's): after a failure, start every rank again, up to N times;
+each attempt resumes from the last committed checkpoint, as a restart by hand would. An
+interrupt (Ctrl-C, SIGTERM of the launcher) is never restarted.
 """
 
 from __future__ import annotations
@@ -77,8 +81,37 @@ def _stop(children: Sequence[Child], sig: int) -> None:
                 os.killpg(c.proc.pid, sig)
 
 
-def launch(config: str, params: Sequence[str], nproc: int | None, progress: bool = False) -> int:
-    cfg, forwarded = resolve(config, params, nproc)
+INTERRUPTED = 130
+
+
+def launch(
+    config: str,
+    params: Sequence[str],
+    nproc: int | None,
+    progress: bool = False,
+    max_restarts: int = 0,
+) -> int:
+    """Run every rank until they all finish; restart them all after a failure, up to
+    ``max_restarts`` times. Returns the exit status of the last attempt."""
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts {max_restarts}: must be 0 or more")
+    attempt = 0
+    while True:
+        cfg, forwarded = resolve(config, params, nproc)  # a fresh free port for each attempt
+        code = _launch_once(config, cfg, forwarded, progress)
+        if code in (0, INTERRUPTED) or attempt >= max_restarts:
+            if code not in (0, INTERRUPTED) and max_restarts:
+                print(f"[launch] giving up after {max_restarts} restarts", flush=True)
+            return code
+        attempt += 1
+        print(
+            f"[launch] restart {attempt} of {max_restarts}: starting every rank again "
+            "(training resumes from the last committed checkpoint)",
+            flush=True,
+        )
+
+
+def _launch_once(config: str, cfg: ConfigSchema, forwarded: list[str], progress: bool) -> int:
     overrides = [arg for p in forwarded for arg in ("-p", p)]
     base = [sys.executable, "-m", "bigembed.cli"]
     children = [
@@ -139,7 +172,7 @@ def launch(config: str, params: Sequence[str], nproc: int | None, progress: bool
         while True:
             if interrupted:
                 _stop(children, signal.SIGTERM)
-                code = 130
+                code = INTERRUPTED
                 break
             failed = [c for c in children if c.proc is not None and c.proc.poll() not in (None, 0)]
             if failed:

@@ -146,7 +146,8 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         default=None,
         help=f"rank 0: listen for the rendezvous store on this address only (as {BIND_ENV}; "
-        "default: every interface); every rank: use its interface for gloo",
+        "default: the host distributed_init_method names); every rank: use its interface for "
+        "gloo",
     )
 
 

@@ -2,16 +2,22 @@
 
 Start-up, on every rank (trainer or partition server):
 
-1. connect to the rendezvous store (rank 0 hosts it for tcp://);
-2. announce ``join/RANK`` (a second process claiming the same rank, or a stale file:// store,
+1. connect to the rendezvous store (rank 0 hosts it for tcp://) and start the watchdog's
+   lifeline, so a rank whose store stops answering (network partition, frozen rank 0, a foreign
+   program on the port) exits after ``distributed_timeout``;
+2. rank 0 publishes the run's shape (``num_machines``, ``num_partition_servers``); a rank
+   started with another one refuses to join and says so, and every joining rank stops with that
+   message (``join/refused``: also written by any rank whose join fails, so the others do not
+   wait, or report a false "rank 0 is gone");
+3. announce ``join/RANK`` (a second process claiming the same rank, or a stale file:// store,
    is refused) and wait up to ``JOIN_FACTOR x distributed_timeout`` for the whole world; with a
    shared secret (:mod:`bigembed.distributed.auth`) rank 0 instead admits each rank by a
    challenge-response over its nonce, refusing (and logging) any attempt without a valid proof,
    and every rank derives the run's session key, which signs the control messages;
-3. start the heartbeat watchdog;
-4. compare configs: every rank publishes its resolved config, and any difference from rank 0's
+4. watch the peers' heartbeats;
+5. compare configs: every rank publishes its resolved config, and any difference from rank 0's
    stops every rank with a message naming the keys (PBG silently trusts they match);
-5. create the gloo process groups: the world (partition transfers) and the trainers (shared
+6. create the gloo process groups: the world (partition transfers) and the trainers (shared
    parameters), with ``distributed_timeout`` on every operation.
 
 Shutdown is ordered so that rank 0, which hosts the store, leaves last.
@@ -45,13 +51,28 @@ from bigembed.distributed.auth import (
     unseal,
 )
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.store import StoreAddress, choose_gloo_interface, is_timeout, store_set
+from bigembed.distributed.store import (
+    StoreAddress,
+    best_effort,
+    choose_gloo_interface,
+    is_timeout,
+    store_set,
+)
 from bigembed.distributed.watchdog import Watchdog, exit_now, store_barrier
 from bigembed.errors import ConfigError, PeerError
 
 logger = logging.getLogger(__name__)
 
 JOIN_FACTOR = 5  # ranks started by hand may arrive a while apart
+REFUSED_MARK = "refused: "  # a join/refused value: the rank and its reason follow
+
+
+class _Refusal(PeerError):
+    """A join failure every joining rank must hear of (not a duplicate or a stranger's)."""
+
+
+class _Relayed(PeerError):
+    """Another rank's refusal, read from ``join/refused`` (not published again)."""
 
 
 def _config_diff(mine: dict[str, Any], theirs: dict[str, Any], prefix: str = "") -> list[str]:
@@ -100,19 +121,46 @@ class DistContext:
         try:
             return self._open()
         except dist.DistError as exc:
-            raise PeerError(
-                f"{self.layout.role(self.rank)}: lost contact with the other ranks while "
-                f"joining ({str(exc).strip().splitlines()[0]})"
+            raise self._refuse(
+                PeerError(
+                    f"{self.layout.role(self.rank)}: lost contact with the other ranks while "
+                    f"joining ({str(exc).strip().splitlines()[0]})"
+                )
             ) from None
+        except PeerError as exc:
+            raise self._refuse(exc) from None
+
+    def _refuse(self, exc: PeerError) -> PeerError:
+        """Tell the ranks still joining why this one gives up (they stop with its message):
+        any failure of rank 0, the host, and a rank started with another shape of run. (A
+        duplicate rank, or one with the wrong secret, must not stop the others.)"""
+        store = self.store
+        publish = isinstance(exc, _Refusal) or (self.rank == 0 and not isinstance(exc, _Relayed))
+        if store is not None and publish:
+            text = f"{REFUSED_MARK}{self.layout.role(self.rank)}: {exc}"
+            best_effort(lambda: store_set(store, "join/refused", text), min(self.timeout, 2.0))
+        return exc
+
+    def _check_refused(self, store: dist.Store) -> None:
+        """Raise the message of a rank that gave up joining (see :meth:`_refuse`)."""
+        if store.check(["join/refused"]):
+            text = store.get("join/refused").decode(errors="replace")
+            raise _Relayed(text[len(REFUSED_MARK) :] if text.startswith(REFUSED_MARK) else text)
 
     def _open(self) -> DistContext:
         world = self.layout.world_size
         self.interface = choose_gloo_interface(self.address)
         join_timeout = self.timeout * JOIN_FACTOR
-        self.raw_store = self.address.open(self.rank, world, join_timeout)
+        self.raw_store = self.address.open(
+            self.rank, world, join_timeout, answer_within=self.timeout
+        )
         store = self.store = self.address.namespaced(self.raw_store)
         with contextlib.suppress(Exception):  # not every store type has one
             store.set_timeout(timedelta(seconds=self.timeout))
+        self.watchdog = Watchdog(
+            self.address, self.rank, self.layout, self.timeout, on_fatal=self.on_fatal
+        )
+        self.watchdog.start()  # the lifeline: from now on, a dead store ends this rank
         if self.secret is None and self.address.kind == "tcp" and self.rank == 0:
             logger.info(
                 "no shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE): anybody who "
@@ -124,10 +172,8 @@ class DistContext:
             self._join_with_secret(store, world, join_timeout)
         else:
             self._join(store, world, join_timeout)
-        self.watchdog = Watchdog(
-            self.address, self.rank, self.layout, self.timeout, on_fatal=self.on_fatal
-        )
-        self.watchdog.start()
+        self.watchdog.session = self.session
+        self.watchdog.watch_peers()
         self._check_configs(store)
         self._init_groups()
         logger.info(
@@ -164,6 +210,7 @@ class DistContext:
             except Exception as exc:
                 if not is_timeout(exc):
                     raise PeerError(f"lost the rendezvous store while joining: {exc}") from None
+            self._check_refused(store)
             if time.monotonic() > deadline:
                 missing = [r for r in range(world) if not store.check([f"join/{r}/host"])]
                 names = ", ".join(self.layout.role(r) for r in missing)
@@ -182,19 +229,34 @@ class DistContext:
             except Exception as exc:
                 if not is_timeout(exc):
                     raise PeerError(f"lost the rendezvous store while joining: {exc}") from None
+            self._check_refused(store)
             if time.monotonic() > deadline:
                 raise PeerError(f"{what} within {timeout:g}s at {self.address.method}")
 
+    def _shape(self) -> str:
+        return (
+            f"num_machines={self.cfg.num_machines}, "
+            f"num_partition_servers={max(self.cfg.num_partition_servers, 0)}"
+        )
+
     def _auth_mode(self, store: dist.Store, timeout: float) -> str:
-        """Rank 0 says whether the run needs the secret; the others check they agree."""
+        """Rank 0 says whether the run needs the secret and what shape it has; the others
+        check they agree."""
         mine = MODE_HMAC if self.secret is not None else MODE_NONE
         if self.rank == 0:
+            store.set("join/shape", self._shape())
             if self.secret is not None:
                 self._nonce = secrets.token_hex(32)
                 store.set("auth/nonce", self._nonce)
             store.set("auth/mode", mine)
             return mine
         theirs = self._wait_key(store, "auth/mode", timeout, "rank 0 did not start").decode()
+        shape = store.get("join/shape").decode(errors="replace")
+        if shape != self._shape():
+            raise _Refusal(
+                f"{self.layout.role(self.rank)} was started with {self._shape()} but rank 0 "
+                f"with {shape}: use the same config and -p overrides on every rank"
+            )
         if theirs == MODE_HMAC and self.secret is None:
             raise PeerError(
                 f"the run at {self.address.method} requires the shared secret: set "
@@ -299,6 +361,7 @@ class DistContext:
                         admitted[r] = (cn, key)
             if len(admitted) == world - 1:
                 break
+            self._check_refused(store)
             if time.monotonic() > deadline:
                 names = ", ".join(self.layout.role(r) for r in range(1, world) if r not in admitted)
                 raise PeerError(
@@ -366,6 +429,13 @@ class DistContext:
             ) from None
 
     # ------------------------------------------------------------------ helpers
+    def local_trainers(self) -> int:
+        """How many trainers of the run joined from this machine (by host name)."""
+        assert self.store is not None
+        me = socket.gethostname()
+        hosts = [self.store.get(f"join/{r}/host").decode() for r in self.layout.trainers]
+        return sum(1 for h in hosts if h.rpartition(":")[0] == me)
+
     def barrier(self, name: str, size: int | None = None) -> None:
         assert self.store is not None
         store_barrier(self.store, name, size or self.layout.num_trainers, self.watchdog)
@@ -378,15 +448,18 @@ class DistContext:
 
     def abort(self, message: str) -> None:
         """Stop the run at once after an error of this rank, telling the others why."""
-        if self.store is not None:
-            with contextlib.suppress(Exception):  # the others' watchdogs will notice anyway
-                self.store.set("abort", f"{self.layout.role(self.rank)} failed: {message}")
+        if self.watchdog is not None:  # best effort: the others' watchdogs will notice anyway
+            self.watchdog.publish_abort(f"{self.layout.role(self.rank)} failed: {message}")
         self.on_fatal(message)
 
     # ------------------------------------------------------------------ shutdown
     def on_fatal(self, message: str) -> None:
-        """The end of a failed rank: leave (see :meth:`_leave`), print one line, exit non-zero."""
-        self._leave(wait_s=min(self.timeout, 3.0))
+        """The end of a failed rank: leave (see :meth:`_leave`), print one line, exit non-zero.
+
+        Leaving is bounded: on a dead connection its store calls would never return."""
+        wait_s = min(self.timeout, 3.0)
+        if self.watchdog is None or not self.watchdog.store_lost:
+            best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
         self._exit(message)
 
     def _leave(self, wait_s: float) -> None:
@@ -411,7 +484,8 @@ class DistContext:
         """Leave: mark this rank finished; rank 0, the store host, waits for everybody first."""
         if self.watchdog is not None:
             self.watchdog.stop(clean=clean)
-        self._leave(wait_s=self.timeout if clean else min(self.timeout, 3.0))
+        wait_s = self.timeout if clean else min(self.timeout, 3.0)
+        best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

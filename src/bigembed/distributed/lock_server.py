@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import torch.distributed as dist
 
 from bigembed.distributed.auth import Session
-from bigembed.distributed.rpc import Message, RpcServer
+from bigembed.distributed.rpc import BadRequest, Message, RpcServer, field
 from bigembed.partition_keys import Bucket, PartitionKey
 
 logger = logging.getLogger(__name__)
@@ -216,8 +216,10 @@ class LockServer:
         scheduler: BucketScheduler,
         on_error: Callable[[str], None],
         session: Session | None = None,
+        trainers: int | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.trainers = trainers  # trainer ranks are 0..trainers-1 (None: not checked)
         self._lock = threading.Lock()
         self.rpc = RpcServer(
             store, CHANNEL, self._handle, on_error, poll=0.5, name="bigembed-lock", session=session
@@ -231,12 +233,35 @@ class LockServer:
         self.scheduler.log.close()
 
     def _handle(self, req: Message) -> Message:
+        """Validate a request (a member trainer, well-formed, bounded), then decide."""
+        op = field(req, "op", str, choices=("acquire", "release"))
+        trainer = field(req, "trainer", int, low=0, high=self.trainers)
+        iteration = field(req, "iteration", int, low=0, high=1 << 40)
         with self._lock:
-            trainer, iteration = int(req["trainer"]), int(req["iteration"])
-            if req["op"] == "acquire":
-                finished = tuple(req["finished"]) if req.get("finished") is not None else None
+            if op == "acquire":
+                finished = None
+                if req.get("finished") is not None:
+                    pair = field(req, "finished", list, max_len=2)
+                    finished = _bucket(pair)
                 return self.scheduler.acquire(trainer, iteration, finished)
-            if req["op"] == "release":
-                keys = [(str(t), int(p)) for t, p in req["keys"]]
-                return self.scheduler.release(trainer, iteration, keys)
-            raise ValueError(f"unknown lock server request {req['op']!r}")
+            keys = [_key(k) for k in field(req, "keys", list, max_len=1 << 16)]
+            return self.scheduler.release(trainer, iteration, keys)
+
+
+def _bucket(value: list[Any]) -> Bucket:
+    if len(value) != 2 or not all(isinstance(x, int) and x >= 0 for x in value):
+        raise BadRequest(f"bad bucket {str(value)[:80]!r}")
+    return (value[0], value[1])
+
+
+def _key(value: Any) -> PartitionKey:
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not isinstance(value[0], str)
+        or len(value[0]) > 256
+        or not isinstance(value[1], int)
+        or value[1] < 0
+    ):
+        raise BadRequest(f"bad partition key {str(value)[:80]!r}")
+    return (value[0], value[1])

@@ -38,13 +38,15 @@ import torch.distributed as dist
 from bigembed.communication.row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
 from bigembed.distributed.auth import Session
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.rpc import Message, RpcClient, RpcServer
+from bigembed.distributed.rpc import BadRequest, Message, RpcClient, RpcServer, field
 from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError
 from bigembed.partition_keys import PartitionKey
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
+
+MAX_PUT_ELEMENTS = 1 << 36  # 256 GiB of float32: no partition of a real run is larger
 
 
 def channel_of(rank: int) -> str:
@@ -72,8 +74,10 @@ class PartitionServer:
         group: dist.ProcessGroup | None = None,
         threads: int = 4,
         session: Session | None = None,
+        trainers: int | None = None,
     ) -> None:
         self.rank = rank
+        self.trainers = trainers  # clients are trainer ranks 0..trainers-1 (None: not checked)
         self.address = address
         self.timeout = timeout
         self.on_error = on_error
@@ -136,13 +140,20 @@ class PartitionServer:
         return store
 
     def _handle(self, req: Message) -> Message | None:
-        op = req["op"]
+        """Validate a request (a member trainer, well-formed, sizes bounded), then serve it."""
+        op = field(req, "op", str, choices=("stop", "get", "put"))
         if op == "stop":
             threading.Thread(target=self.stop, daemon=True).start()
             return {"ok": True}
-        key = (str(req["key"][0]), int(req["key"][1]))
-        client, n = int(req["client"]), int(req["seq"])
-        form = str(req.get("form", "fp32"))
+        raw_key = field(req, "key", list, max_len=2)
+        if len(raw_key) != 2 or not isinstance(raw_key[0], str) or len(raw_key[0]) > 256:
+            raise BadRequest(f"bad partition key {str(raw_key)[:80]!r}")
+        key = (raw_key[0], field({"part": raw_key[1]}, "part", int, low=0, high=1 << 31))
+        client = field(req, "client", int, low=0, high=self.trainers)
+        n = field(req, "seq", int, low=1)
+        form = req.get("form", "fp32")
+        if form not in ("fp32", "bf16", "delta"):
+            raise BadRequest(f"bad field 'form': {str(form)[:80]!r}")
         if op == "get":
             with self._lock:
                 table = self.tables.get(key)
@@ -151,7 +162,13 @@ class PartitionServer:
             self._pool.submit(self._guard, self._send, table, client, n, form == "bf16")
             return {"found": True, "shape": list(table.emb.shape)}
         if op == "put":
-            rows, dim = (int(x) for x in req["shape"])
+            shape = field(req, "shape", list, max_len=2)
+            if len(shape) != 2:
+                raise BadRequest(f"bad field 'shape': {str(shape)[:80]!r}")
+            rows = field({"rows": shape[0]}, "rows", int, low=1, high=1 << 40)
+            dim = field({"dim": shape[1]}, "dim", int, low=1, high=1 << 16)
+            if rows * dim > MAX_PUT_ELEMENTS:
+                raise BadRequest(f"a put of {rows} x {dim} is larger than any partition may be")
             with self._lock:
                 table = self.tables.get(key)
             if form == "delta":

@@ -4,11 +4,18 @@ Any error ends the whole run, not just this rank: a user error of this rank (bad
 unshared disk...) is published to the others at once; a communication error first gives the
 heartbeats a moment to name the peer that died. The process then leaves with ``os._exit``
 and a one-line message, because threads blocked in gloo would otherwise delay the exit.
+SIGTERM and SIGINT take the same path (:mod:`bigembed.distributed.signals`).
+
+Thread counts: ranks started by hand do not get the ``OMP_NUM_THREADS`` that ``bigembed launch``
+sets, and several trainers on one machine, each with as many torch threads as there are cores,
+run many times slower than with their share. So, unless ``OMP_NUM_THREADS`` is set, a trainer
+takes ``cpu_count // (trainers on this machine)`` threads once it knows who joined.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,6 +23,7 @@ from typing import TypeVar
 from bigembed.config import ConfigSchema
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
+from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import BigembedError, PeerError
 from bigembed.train.loop import TrainResult
 
@@ -69,11 +77,14 @@ def train_distributed(
             busy,
         )
     ctx = DistContext(cfg, rank, command="train")
+    uninstall = install_stop_signals(ctx.abort)
     try:
         ctx.open()
     except BaseException:
         ctx.close(clean=False)
+        uninstall()
         raise
+    _share_cores(ctx)
 
     def body() -> TrainResult:
         trainer = DistributedTrainer(
@@ -85,6 +96,7 @@ def train_distributed(
 
     result = _run_guarded(ctx, body)
     ctx.close()
+    uninstall()
     return result
 
 
@@ -95,15 +107,22 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
     layout = RankLayout.of(cfg)
     rank = layout.partition_server_rank(index)
     ctx = DistContext(cfg, rank, command="partition-server")
+    uninstall = install_stop_signals(ctx.abort)
     try:
         ctx.open()
     except BaseException:
         ctx.close(clean=False)
+        uninstall()
         raise
 
     def body() -> None:
         server = PartitionServer(
-            rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
+            rank,
+            ctx.address,
+            ctx.timeout,
+            on_error=ctx.fail,
+            session=ctx.session,
+            trainers=ctx.layout.num_trainers,
         )
         server.start()
         while not server.stopped.wait(1.0):
@@ -118,4 +137,23 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
 
     _run_guarded(ctx, body)
     ctx.close()
+    uninstall()
     return 0
+
+
+def _share_cores(ctx: DistContext) -> None:
+    """Give this trainer its share of the machine's cores (unless OMP_NUM_THREADS is set)."""
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    local = max(1, ctx.local_trainers())
+    threads = max(1, (os.cpu_count() or 1) // local)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for the Hogwild workers it starts
+    logger.info(
+        "%s: %d torch threads (%d trainers on this machine; set OMP_NUM_THREADS to override)",
+        ctx.layout.role(ctx.rank),
+        threads,
+        local,
+    )

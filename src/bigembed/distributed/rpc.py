@@ -13,6 +13,11 @@ run's session key and bound to its store key: the server drops (and logs) a requ
 valid MAC without answering it, and a client stops the run on a forged reply. A request number
 taken but never written (a crashed client, or a stranger) is skipped after ``GAP_S`` seconds so
 it cannot block the queue.
+
+Every request is validated before it acts (with or without a secret): its size is bounded
+(``MAX_MESSAGE_BYTES``), and the handlers check its fields with :func:`field` (a known op, a
+rank that is a member of the run, integers in range, lists of bounded length); a request that
+fails is answered with an error and logged as a warning, and changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +40,36 @@ logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 GAP_S = 5.0
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+class BadRequest(ValueError):
+    """A malformed or out-of-range request (refused without a traceback in the log)."""
+
+
+def field(
+    req: Message,
+    name: str,
+    kind: type,
+    *,
+    low: int | None = None,
+    high: int | None = None,
+    choices: tuple[str, ...] | None = None,
+    max_len: int | None = None,
+) -> Any:
+    """``req[name]``, checked: of type ``kind``; an int within [low, high); a str among
+    ``choices``; a list of at most ``max_len`` items. Raises BadRequest naming the field."""
+    value: Any = req.get(name)
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if ok and kind is int:
+        ok = (low is None or value >= low) and (high is None or value < high)
+    if ok and choices is not None:
+        ok = value in choices
+    if ok and max_len is not None:
+        ok = len(value) <= max_len
+    if not ok:
+        raise BadRequest(f"bad field {name!r}: {str(value)[:80]!r}")
+    return value
 
 
 class RpcClient:
@@ -161,13 +196,17 @@ class RpcServer:
                 raw = self.store.get(key)
                 self.store.delete_key(key)
                 try:
+                    if len(raw) > MAX_MESSAGE_BYTES:
+                        raise BadMac(f"{key}: {len(raw)} bytes, more than {MAX_MESSAGE_BYTES}")
                     request = json.loads(unseal(self.session, key, raw))
                     if not isinstance(request, dict) or request.get("seq") != n:
                         raise BadMac(f"{key}: malformed request")
                 except (BadMac, ValueError) as exc:
                     self.dropped += 1
                     logger.warning(
-                        "%s: dropped a request without a valid MAC (%s)", self.channel, exc
+                        "%s: dropped a request without a valid MAC, or malformed (%s)",
+                        self.channel,
+                        exc,
                     )
                     n, since = n + 1, time.monotonic()
                     continue
@@ -175,6 +214,9 @@ class RpcServer:
                     answer = self.handler(request)
                 except PeerError:
                     raise
+                except BadRequest as exc:  # a stranger, or a bug: refuse, change nothing
+                    logger.warning("%s: refused request %d: %s", self.channel, n, exc)
+                    answer = {"error": str(exc)}
                 except Exception as exc:  # a protocol error: tell the caller
                     logger.exception("%s: request %s failed", self.channel, request)
                     answer = {"error": f"{type(exc).__name__}: {exc}"}

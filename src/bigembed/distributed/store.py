@@ -11,9 +11,17 @@ stall the heartbeat. Failures become one-line :class:`~bigembed.errors.PeerError
 (port in use, store unreachable) instead of c10d tracebacks.
 
 Binding: a TCPStore master listens on every interface whatever host the URI names (checked with
-torch 2.13). ``BIGEMBED_BIND=ADDRESS`` (or ``--bind``) makes rank 0 bind the store's socket to
-that address only (through TCPStore's ``master_listen_fd``) and, on every rank, points gloo at
-the interface holding that address.
+torch 2.13). So rank 0 binds the store's socket itself (handed over through TCPStore's
+``master_listen_fd``) to the host of ``tcp://HOST:PORT`` (``0.0.0.0`` means every interface), or
+to ``BIGEMBED_BIND=ADDRESS`` (``--bind``) when set, which also points gloo at the interface
+holding that address on every rank.
+
+Deadlines: a TCPStore client call has no timeout on a dead connection (a network partition, a
+frozen rank 0, or another program holding the port that accepts but never answers): ``add``,
+``set`` and even the client's constructor block forever. Connecting is therefore bounded here
+(:meth:`StoreAddress.client`: first wait for something to accept on the port, then give the
+store ``answer_within`` seconds to answer), and the watchdog's lifeline
+(:mod:`bigembed.distributed.watchdog`) ends a rank whose store calls stop completing.
 """
 
 from __future__ import annotations
@@ -21,18 +29,26 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
+import logging
 import os
 import socket
 import struct
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import cast
+from typing import TypeVar, cast
 from urllib.parse import urlparse
 
 import torch.distributed as dist
 
 from bigembed.distributed.auth import BIND_ENV
 from bigembed.errors import PeerError
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "bigembed"
 _LISTENERS: list[socket.socket] = []  # bound sockets handed to TCPStore: kept open while it runs
@@ -43,6 +59,43 @@ def is_timeout(exc: BaseException) -> bool:
     if isinstance(exc, dist.DistNetworkError):
         return False
     return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+
+
+class DeadlineExceeded(Exception):
+    """A call run by :func:`call_with_deadline` did not return in time (it is left running)."""
+
+
+def call_with_deadline(fn: Callable[[], T], seconds: float, name: str = "bigembed-call") -> T:
+    """``fn()`` on a helper thread; raises DeadlineExceeded if it takes more than ``seconds``.
+
+    For store calls that may block forever on a dead connection: the helper thread is a daemon
+    and is abandoned (the process is about to stop anyway). ``fn``'s exceptions are re-raised.
+    """
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise DeadlineExceeded(f"no answer within {seconds:g}s")
+    if "error" in box:
+        raise cast(BaseException, box["error"])
+    return cast(T, box["value"])
+
+
+def best_effort(fn: Callable[[], object], seconds: float) -> bool:
+    """``fn()`` within ``seconds``, ignoring any failure; True if it completed."""
+    try:
+        call_with_deadline(fn, seconds, name="bigembed-best-effort")
+    except Exception:
+        return False
+    return True
 
 
 def store_set(store: dist.Store, key: str, value: str | bytes) -> None:
@@ -90,8 +143,13 @@ class StoreAddress:
         return StoreAddress(method, self.kind, self.host, self.port, self.path)
 
     # ------------------------------------------------------------------ connections
-    def open(self, rank: int, world_size: int, timeout: float) -> dist.Store:
-        """The raw store of this rank (rank 0 hosts it for tcp://)."""
+    def open(
+        self, rank: int, world_size: int, timeout: float, answer_within: float | None = None
+    ) -> dist.Store:
+        """The raw store of this rank (rank 0 hosts it for tcp://).
+
+        The other ranks wait up to ``timeout`` for rank 0 to listen, then ``answer_within``
+        (default ``timeout``) for the store to answer (see :meth:`client`)."""
         td = timedelta(seconds=timeout)
         if self.kind == "file":
             parent = os.path.dirname(self.path) or "."
@@ -102,7 +160,8 @@ class StoreAddress:
             except RuntimeError as exc:
                 raise PeerError(f"{self.method}: cannot open the store file: {exc}") from None
         if rank == 0:
-            listener = _bound_listener(os.environ.get(BIND_ENV), self.port, self.method)
+            bind = os.environ.get(BIND_ENV) or self.host
+            listener = _bound_listener(bind, self.port, self.method)
             try:
                 return dist.TCPStore(
                     self.host,
@@ -111,7 +170,7 @@ class StoreAddress:
                     is_master=True,
                     timeout=td,
                     wait_for_workers=False,
-                    master_listen_fd=listener.fileno() if listener is not None else None,
+                    master_listen_fd=listener.fileno(),
                 )
             except (RuntimeError, dist.DistError) as exc:
                 text = str(exc)
@@ -123,15 +182,40 @@ class StoreAddress:
                 raise PeerError(
                     f"{self.method}: rank 0 cannot host the rendezvous store: {_first_line(text)}"
                 ) from None
-        return self.client(timeout)
+        return self.client(timeout, connect_within=timeout, answer_within=answer_within)
 
-    def client(self, timeout: float) -> dist.Store:
-        """One more client connection to the store (for a thread that blocks on it)."""
+    def client(
+        self,
+        timeout: float,
+        *,
+        connect_within: float | None = None,
+        answer_within: float | None = None,
+    ) -> dist.Store:
+        """One more client connection to the store (for a thread that blocks on it).
+
+        ``timeout`` is the connection's wait/get timeout. Something must accept on the port
+        within ``connect_within`` seconds (default ``timeout``: rank 0 may start later) and
+        then answer the store's handshake within ``answer_within`` (default ``timeout``):
+        TCPStore's own constructor waits forever for a listener that never answers.
+        """
         td = timedelta(seconds=timeout)
         if self.kind == "file":
             return dist.FileStore(self.path, -1)
+        connect_within = timeout if connect_within is None else connect_within
+        answer_within = timeout if answer_within is None else answer_within
+        self._wait_for_listener(connect_within)
         try:
-            return dist.TCPStore(self.host, self.port, is_master=False, timeout=td)
+            return call_with_deadline(
+                lambda: dist.TCPStore(self.host, self.port, is_master=False, timeout=td),
+                answer_within,
+                name="bigembed-store-connect",
+            )
+        except DeadlineExceeded:
+            raise PeerError(
+                f"the rendezvous store at {self.method} accepts connections but does not answer "
+                f"within {answer_within:g}s: another program holds {self.host}:{self.port} (pick "
+                "another port), or rank 0 is frozen"
+            ) from None
         except (RuntimeError, dist.DistError) as exc:
             raise PeerError(
                 f"cannot reach the rendezvous store at {self.method} within {timeout:g}s: is "
@@ -139,18 +223,45 @@ class StoreAddress:
                 f"({_first_line(str(exc))})"
             ) from None
 
+    def _wait_for_listener(self, seconds: float) -> None:
+        """Wait until something accepts connections at host:port (PeerError after ``seconds``)."""
+        deadline = time.monotonic() + seconds
+        last = "no attempt"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                probe = max(0.1, min(left, 2.0))
+                with socket.create_connection((self.host, self.port), timeout=probe):
+                    return
+            except OSError as exc:
+                last = exc.strerror or str(exc)
+            if time.monotonic() + 0.2 > deadline:
+                raise PeerError(
+                    f"cannot reach the rendezvous store at {self.method} within {seconds:g}s: is "
+                    f"rank 0 running, and is {self.host}:{self.port} reachable from this machine? "
+                    f"({last})"
+                )
+            time.sleep(0.2)
+
     def namespaced(self, store: dist.Store) -> dist.Store:
         return dist.PrefixStore(NAMESPACE, store)
 
 
-def _bound_listener(bind: str | None, port: int, method: str) -> socket.socket | None:
-    """A listening socket on ``bind``:``port`` for the store master, or None (every interface)."""
-    if not bind:
-        return None
+def _bound_listener(bind: str, port: int, method: str) -> socket.socket:
+    """A listening socket on ``bind``:``port`` for the store master."""
+    where = f"{BIND_ENV} {bind}" if os.environ.get(BIND_ENV) else f"{method}: host {bind}"
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        raise PeerError(f"{BIND_ENV} {bind}: not an address ({exc.strerror})") from None
+        raise PeerError(f"{where}: not an address ({exc.strerror})") from None
+    if _is_loopback_name(bind, str(addr[0])):
+        logger.warning(
+            "%s: %s resolves to %s on this machine, a loopback address: only ranks on this "
+            "machine can reach the store; name an address the others can reach (or --bind it)",
+            method,
+            bind,
+            addr[0],
+        )
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -164,11 +275,26 @@ def _bound_listener(bind: str | None, port: int, method: str) -> socket.socket |
                 "shutting down); pick another port"
             ) from None
         raise PeerError(
-            f"{BIND_ENV} {bind}: rank 0 cannot listen there ({exc.strerror}); name an address "
-            "of this machine"
+            f"{where}: rank 0 cannot listen there ({exc.strerror}); name an address of this "
+            "machine (or 0.0.0.0 for every interface)"
         ) from None
     _LISTENERS.append(sock)
     return sock
+
+
+def _is_loopback_name(name: str, address: str) -> bool:
+    """``name`` is a host name (not an address, not "localhost") that resolves to a loopback
+    address, as a Debian machine's own name does (127.0.1.1 in /etc/hosts)."""
+    try:
+        ipaddress.ip_address(name)
+        return False
+    except ValueError:
+        pass
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+    return loopback and name != "localhost"
 
 
 def _first_line(text: str) -> str:

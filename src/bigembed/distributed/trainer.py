@@ -153,6 +153,7 @@ def start_lock_server(
         BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log),
         ctx.fail,
         session=ctx.session,
+        trainers=ctx.layout.num_trainers,
     )
     server.start()
     return server
@@ -369,7 +370,12 @@ class DistributedTrainer:
         self.partition_client: PartitionClient | None = None
         if self.layout.num_partition_servers < 0:  # each trainer hosts one
             self.partition_server = PartitionServer(
-                self.rank, ctx.address, ctx.timeout, on_error=ctx.fail, session=ctx.session
+                self.rank,
+                ctx.address,
+                ctx.timeout,
+                on_error=ctx.fail,
+                session=ctx.session,
+                trainers=ctx.layout.num_trainers,
             )
             self.partition_server.start()
         if self.layout.server_ranks:

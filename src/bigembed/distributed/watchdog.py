@@ -11,11 +11,20 @@ host) is gone. Ranks that finished cleanly leave a ``bye/RANK`` key and are not 
 Other threads that hit a communication error call :meth:`Watchdog.fail`: it waits a little for
 the heartbeats to name the dead peer (a broken gloo pair only says "connection closed"), then
 stops the process the same way.
+
+The lifeline: a store call on a dead connection (network partition, frozen rank 0) never
+returns, so a watchdog that only made store calls would block with everybody else. A second
+thread, the deadman, makes no store call at all: it ends the rank when no heartbeat has
+completed for ``distributed_timeout`` seconds ("cannot reach the rendezvous store"). It also
+notices when this process itself was suspended (SIGSTOP) for longer than that: the others have
+given up on it by then. The lifeline runs from the first connection on, so a rank also stops if
+rank 0 freezes while it joins; the peers are watched once everybody has joined
+(:meth:`Watchdog.watch_peers`). Every store call on the way out (publishing ``abort``,
+``bye``) is bounded too (:func:`~bigembed.distributed.store.best_effort`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -26,8 +35,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.store import StoreAddress, is_timeout
+from bigembed.distributed.store import StoreAddress, best_effort, is_timeout, store_set
 from bigembed.errors import PeerError
 
 logger = logging.getLogger(__name__)
@@ -71,37 +81,90 @@ class Watchdog:
         self.store = address.namespaced(address.client(timeout))
         self.peers = [r for r in range(layout.world_size) if r != rank]
         self.failure: str | None = None
+        self.session: Session | None = None  # set once joined with a secret: signs ``abort``
+        self.last_ok = time.monotonic()  # when a heartbeat last completed
+        self.store_lost = False  # the deadman fired: no store call can complete now
+        self._watching = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bigembed-watchdog", daemon=True)
+        self._deadman = threading.Thread(
+            target=self._deadman_run, name="bigembed-deadman", daemon=True
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def beat(self) -> None:
         self.store.add(f"hb/{self.rank}", 1)
+        self.last_ok = time.monotonic()
 
     def start(self) -> None:
+        """Start the lifeline (heartbeats and the deadman); see :meth:`watch_peers`."""
+        self.last_ok = time.monotonic()
         self._thread.start()
+        self._deadman.start()
+
+    def watch_peers(self) -> None:
+        """Everybody has joined: from now on, watch their heartbeats and the ``abort`` key."""
+        self._watching.set()
 
     def stop(self, clean: bool = True) -> None:
         """Stop watching; ``clean`` tells the others this rank finished (no alarm)."""
-        if clean:
-            with contextlib.suppress(Exception):  # the store host may be gone at the very end
-                self.store.set(f"bye/{self.rank}", "1")
+        if clean:  # the store host may be gone at the very end
+            best_effort(lambda: self.store.set(f"bye/{self.rank}", "1"), min(self.timeout, 3.0))
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5 * self.period + 1)
+        for thread in (self._thread, self._deadman):
+            if thread.is_alive() and threading.current_thread() is not thread:
+                thread.join(timeout=5 * self.period + 1)
+
+    # ------------------------------------------------------------------ the lifeline
+    def _deadman_run(self) -> None:
+        """No store call here: this thread must run when every store call hangs."""
+        while self._sleep():
+            now = time.monotonic()
+            silent = now - self.last_ok
+            if silent <= self.timeout:
+                continue
+            if self.rank == 0 and self.address.kind == "tcp":
+                why = "the rendezvous store this rank hosts does not answer"
+            else:
+                why = (
+                    f"{self.layout.role(0)} is frozen or unreachable (network down or partitioned?)"
+                )
+            self.store_lost = True  # publishing or leaving would only wait for nothing
+            self._die(
+                f"cannot reach the rendezvous store at {self.address.method} for {silent:.0f}s "
+                f"(distributed_timeout is {self.timeout:g}s): {why}",
+                publish=False,
+            )
+            return
+
+    def _sleep(self) -> bool:
+        """Wait one period; False when stopped, or when the thread slept longer than the
+        timeout: this process was stopped (SIGSTOP, a frozen VM) and the run is over."""
+        before = time.monotonic()
+        if self._stop.wait(self.period):
+            return False
+        gap = time.monotonic() - before
+        if gap <= self.timeout:
+            return True
+        self._die(
+            f"{self.layout.role(self.rank)} was suspended for {gap:.0f}s, longer than "
+            f"distributed_timeout ({self.timeout:g}s): the other ranks have given up on it"
+        )
+        return False
 
     # ------------------------------------------------------------------ the watch
     def _run(self) -> None:
         last: dict[int, tuple[bytes, float]] = {}
         keys = [f"hb/{p}" for p in self.peers]
         store_errors = 0
-        while not self._stop.wait(self.period):
+        while self._sleep():
             try:
                 self.beat()
+                if not self._watching.is_set():
+                    continue
                 if self.store.check(["abort"]):
-                    message = self.store.get("abort").decode()
-                    self._die(message, publish=False)
+                    self._die(self.read_abort(self.store.get("abort")), publish=False)
                     return
                 values = self.store.multi_get(keys) if keys else []
                 store_errors = 0
@@ -148,10 +211,27 @@ class Watchdog:
             if self.failure is not None:
                 return
             self.failure = message
-        if publish:
-            with contextlib.suppress(Exception):  # best effort; the others have their own watch
-                self.store.set("abort", f"{message} (noticed by {self.layout.role(self.rank)})")
+        if publish:  # best effort; the others have their own watch
+            text = f"{message} (noticed by {self.layout.role(self.rank)})"
+            self.publish_abort(text)
         self.on_fatal(message)
+
+    def publish_abort(self, text: str) -> None:
+        """Tell every rank the run is over, and why (signed with the run's secret, if any)."""
+        value = seal(self.session, "abort", text)
+        best_effort(lambda: store_set(self.store, "abort", value), min(self.timeout, 2.0))
+
+    def read_abort(self, value: bytes) -> str:
+        """The reason in ``abort``; with a secret, a forged one is reported as such (the run
+        stops anyway: anybody who reaches the store can stop it)."""
+        try:
+            return unseal(self.session, "abort", value).decode(errors="replace")
+        except BadMac:
+            text = value.decode(errors="replace")[:200]
+            return (
+                "somebody else wrote an abort to the rendezvous store, not signed with the "
+                f"run's secret: {text!r}"
+            )
 
     def fail(self, message: str) -> None:
         """Stop the run after a communication error, naming the dead peer if one shows up."""
