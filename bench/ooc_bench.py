@@ -123,8 +123,12 @@ class Cgroup:
         }
 
     def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        for _ in range(20):  # the kernel may still be releasing the last process
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.5)
 
 
 def _du(path: Path) -> int:

@@ -167,6 +167,8 @@ PBG_DEFAULTS = {
     "compute_dtype": "float32",
     "distributed_timeout": 60.0,
     "uniform_negs_group": None,
+    "memory_budget": None,
+    "partition_prefetch": True,
 }
 
 

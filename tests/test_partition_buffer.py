@@ -12,7 +12,12 @@ the background, in a buffer-aware bucket order.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +26,7 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.config import parse_config_dict
+from bigembed.config import config_to_dict, parse_config_dict
 from bigembed.errors import BigembedError
 from bigembed.partition_keys import PartitionKey
 from bigembed.train.bucket_order import bucket_order
@@ -29,7 +34,8 @@ from bigembed.train.loop import Trainer
 from bigembed.train.memory_budget import plan_memory
 from bigembed.train.partitions import PartitionStore
 from bigembed.train.step import Table
-from synthetic import graph_config, write_graph
+from synthetic import budget_for, graph_config, write_graph
+from test_out_of_core import TreeMemory, _tree
 
 NPARTS = 6
 
@@ -84,7 +90,7 @@ def _never_read_while_writing(events: list[tuple[str, PartitionKey]]) -> None:
             assert key not in writing, f"event {i}: {key} read before its write-back completed"
 
 
-@pytest.mark.parametrize("capacity", [2, 3, 4])
+@pytest.mark.parametrize("capacity", [2, 3])
 def test_buffered_background_swapping_is_bit_identical(tmp_path: Path, capacity: int) -> None:
     write_graph(tmp_path, num_entities=600, num_edges=3000, num_partitions=NPARTS, seed=3)
     common = {
@@ -93,7 +99,6 @@ def test_buffered_background_swapping_is_bit_identical(tmp_path: Path, capacity:
         "bucket_order": "buffer",
         "seed": 5,
         "workers": 1,
-        "num_edge_chunks": 2,
     }
     cfg = graph_config(tmp_path, checkpoint_path=str(tmp_path / "buf"), **common)
     ref_cfg = graph_config(tmp_path, checkpoint_path=str(tmp_path / "ref"), **common)
@@ -227,3 +232,53 @@ def test_bad_memory_budget_names_the_key(value: object) -> None:
     }
     with pytest.raises(BigembedError, match="memory_budget"):
         parse_config_dict({**base, "memory_budget": value})
+
+
+def _pss(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
+    """6 partitions of 24 MB, 2 Hogwild workers, a budget that holds 4 of them: the tree's
+    shared tables peak at 3-4 partitions (the buffer is used, read-ahead included, and never
+    exceeded), and the whole tree's proportional set size stays within memory_budget."""
+    entities, dim = 360_000, 99  # 60k rows of (99 + 1) floats: 24 MB per partition
+    write_graph(tmp_path, num_entities=entities, num_edges=6000, num_partitions=NPARTS)
+    part = entities // NPARTS * (dim + 1) * 4
+    budget = budget_for(4, part, workers=2, edges=6000)
+    cfg = graph_config(
+        tmp_path,
+        num_partitions=NPARTS,
+        dimension=dim,
+        num_epochs=1,
+        workers=2,
+        batch_size=200,
+        bucket_order="buffer",
+        memory_budget=budget,
+    )
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config_to_dict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    peak_pss = 0
+    with TreeMemory(proc.pid) as mem:
+        while proc.poll() is None:
+            peak_pss = max(peak_pss, sum(_pss(p) for p in _tree(proc.pid)))
+            time.sleep(0.01)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "4 partitions" in err, err
+    mib = {"shmem": mem.peak_shmem / 2**20, "pss": peak_pss / 2**20, "part": part / 2**20}
+    assert mem.peak_shmem >= 2.9 * part, f"the buffer holds more than one bucket: {mib}"
+    assert mem.peak_shmem <= 4.3 * part, f"more partitions alive than the budget holds: {mib}"
+    assert peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
