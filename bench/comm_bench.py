@@ -367,7 +367,17 @@ def main() -> int:
     parser.add_argument("--loopback", action="store_true", help="no namespaces even as root")
     parser.add_argument("--workdir", default="/tmp/bigembed_comm_bench")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument(
+        "--table-from",
+        nargs="+",
+        metavar="JSON",
+        help="print one table of the rows saved by earlier runs' --json (no training)",
+    )
     args = parser.parse_args()
+    if args.table_from:
+        rows = [Row(**r) for f in args.table_from for r in json.loads(Path(f).read_text())]
+        print_table(rows, f"comm_bench: rows of {', '.join(args.table_from)}")
+        return 0
 
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

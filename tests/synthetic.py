@@ -104,3 +104,13 @@ def graph_config(root: Path, **overrides: Any) -> ConfigSchema:
     }
     data.update(overrides)
     return parse_config_dict(data)
+
+
+def budget_for(capacity: int, table_bytes: int, *, workers: int, edges: int) -> int:
+    """A ``memory_budget`` that holds ``capacity`` partitions of ``table_bytes`` (and not one
+    more) by the memory model of :mod:`bigembed.train.memory_budget`; ``edges``: an upper bound
+    on a bucket chunk's edges, at most half a table's bytes of edge buffers above the truth."""
+    from bigembed.train.memory_budget import BASE_BYTES, EDGE_BYTES, WORKER_BYTES
+
+    fixed = BASE_BYTES + workers * WORKER_BYTES + edges * EDGE_BYTES
+    return fixed + capacity * table_bytes + table_bytes // 4

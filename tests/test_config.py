@@ -169,6 +169,8 @@ PBG_DEFAULTS = {
     "uniform_negs_group": None,
     "early_stopping": None,
     "tune": None,
+    "memory_budget": None,
+    "partition_prefetch": True,
 }
 
 

@@ -29,7 +29,7 @@ from bigembed.config import config_to_dict
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Iteration, Trainer, _mix
 from bigembed.train.partitions import PartitionKey, PartitionStore
-from synthetic import graph_config, write_graph
+from synthetic import budget_for, graph_config, write_graph
 
 NPARTS = 4
 
@@ -72,7 +72,7 @@ def test_swapping_is_bit_identical_to_all_in_memory(tmp_path: Path) -> None:
     swap_cfg = graph_config(tmp_path, checkpoint_path=str(tmp_path / "swap"), **common)
     ref_cfg = graph_config(tmp_path, checkpoint_path=str(tmp_path / "ref"), **common)
 
-    swapping = Trainer(swap_cfg, progress=False).train()
+    swapping = Trainer(swap_cfg, progress=False, capacity=2).train()
     reference = Trainer(ref_cfg, progress=False, partitions_type=InMemoryStore).train()
     per_partition = swapping.total_partition_bytes / NPARTS
     assert swapping.peak_partition_bytes <= 2 * per_partition * 1.05, "the run really swapped"
@@ -195,10 +195,16 @@ def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
     hold a copy of the whole graph either."""
     entities, dim = 300_000, 99  # (99 + 1) floats per row: 30 MB per partition of 75k
     write_graph(tmp_path, num_entities=entities, num_edges=8000, num_partitions=NPARTS)
-    cfg = graph_config(
-        tmp_path, num_partitions=NPARTS, dimension=dim, num_epochs=1, workers=2, batch_size=200
-    )
     part = entities // NPARTS * (dim + 1) * 4
+    cfg = graph_config(
+        tmp_path,
+        num_partitions=NPARTS,
+        dimension=dim,
+        num_epochs=1,
+        workers=2,
+        batch_size=200,
+        memory_budget=budget_for(2, part, workers=2, edges=8000),
+    )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config_to_dict(cfg)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

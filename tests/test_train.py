@@ -60,11 +60,11 @@ def test_single_worker_is_reproducible(tmp_path: Path) -> None:
     assert torch.equal(embs[0], embs[1])
 
 
-@pytest.mark.parametrize("order", ["random", "affinity", "inside_out", "outside_in"])
+@pytest.mark.parametrize("order", ["random", "affinity", "inside_out", "outside_in", "buffer"])
 def test_out_of_core_every_bucket_once(tmp_path: Path, order: str) -> None:
     write_graph(tmp_path, num_entities=400, num_edges=4000, num_partitions=4)
     cfg = graph_config(tmp_path, num_partitions=4, num_epochs=2, bucket_order=order)
-    trainer = Trainer(cfg, progress=False)
+    trainer = Trainer(cfg, progress=False, capacity=2)  # a budget of one bucket
     result = trainer.train()
     # Invariant 1: every bucket of every epoch trained exactly once.
     for version in (1, 2):

@@ -42,6 +42,7 @@ from bigembed.config_loading import (
 from bigembed.config_types import (
     Bool,
     BucketOrder,
+    Bytes,
     ComparatorName,
     ComputeDtypeName,
     EvalProtocolName,
@@ -121,6 +122,8 @@ BIGEMBED_ONLY_KEYS = (
     "compute_dtype",
     "uniform_negs_group",
     "distributed_timeout",
+    "memory_budget",
+    "partition_prefetch",
     "communication",
     "communication.strategy",
     "communication.precision",
@@ -428,8 +431,9 @@ class ConfigSchema(BaseModel):
     )
     bucket_order: BucketOrder = Field(
         default="inside_out",
-        description="Order of buckets within a pass: random, affinity, inside_out or outside_in "
-        "(single machine).",
+        description="Order of buckets within a pass: random, affinity, inside_out, outside_in, "
+        "or buffer (bigembed only: BETA-like, fewest swaps for the partitions memory_budget "
+        "holds) (single machine).",
     )
     workers: Int | None = Field(
         default=None,
@@ -557,6 +561,20 @@ class ConfigSchema(BaseModel):
         default=60.0,
         gt=0,
         description="bigembed only: seconds before a silent distributed peer is declared dead.",
+    )
+    memory_budget: Bytes | None = Field(
+        default=None,
+        gt=0,
+        description="bigembed only: memory a single-machine run may use, in bytes or with a "
+        "unit (2.5GB, 800MiB); it holds as many partitions as fit (docs/training.md, memory "
+        "model). null = half the memory available when training starts (MemAvailable, or the "
+        "cgroup limit if lower).",
+    )
+    partition_prefetch: Bool = Field(
+        default=True,
+        description="bigembed only: read the next bucket's partitions and write evicted ones "
+        "back in background threads while a bucket trains (single machine, when the memory "
+        "budget holds more than one bucket's partitions).",
     )
     communication: CommunicationSchema = Field(
         default_factory=CommunicationSchema,

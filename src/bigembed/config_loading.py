@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from bigembed.config_types import OneOf
+from bigembed.config_types import PARSES_TEXT, OneOf
 from bigembed.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -239,6 +239,17 @@ def _strip(annotation: Any) -> tuple[Any, bool]:
             return annotation, nullable
 
 
+def _parses_text(annotation: Any) -> bool:
+    """Whether the field's type is marked :data:`~bigembed.config_types.PARSES_TEXT`."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        args = get_args(annotation)
+        return PARSES_TEXT in args[1:] or _parses_text(args[0])
+    if origin is Union or origin is types.UnionType:
+        return any(_parses_text(a) for a in get_args(annotation))
+    return False
+
+
 def _is_model(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
@@ -273,6 +284,8 @@ def _convert(text: str, annotation: Any, fail: Any) -> Any:
     ann, nullable = _strip(annotation)
     if nullable and text.strip().lower() in _NULLS:
         return None
+    if _parses_text(annotation):
+        return text  # the field's own validator reads the text (e.g. a size with a unit)
     kind, inner = _child(ann)
     if kind == "list" and not _is_model(inner):
         return [_convert(part.strip(), inner, fail) for part in text.split(",") if part.strip()]

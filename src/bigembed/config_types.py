@@ -80,6 +80,46 @@ def _to_float(value: Any) -> Any:
     return number
 
 
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 2**10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 2**20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 2**30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 2**40,
+}
+
+
+def _to_bytes(value: Any) -> Any:
+    """A size in bytes: a number, or a string with a unit (``2.5GB``, ``512 MiB``)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bytes_type", "input should be a size, not a boolean")
+    number: float | None = None
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(digits) :]
+        try:
+            number = float(digits) * _BYTE_UNITS[unit]
+        except (ValueError, KeyError):
+            number = None
+    if number is None or number != number or abs(number) == float("inf"):
+        raise PydanticCustomError(
+            "bytes_type", "input should be a size in bytes or with a unit, e.g. 2.5GB or 512MiB"
+        )
+    return int(number)
+
+
 def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
@@ -91,6 +131,9 @@ def _n3(value: Any) -> Any:
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
 Int = Annotated[int, BeforeValidator(_to_int)]
 Float = Annotated[float, BeforeValidator(_to_float)]
+#: Marks a type whose validator parses the text of a ``-p key=value`` override itself.
+PARSES_TEXT = "parses-text"
+Bytes = Annotated[int, BeforeValidator(_to_bytes), PARSES_TEXT]
 
 
 @dataclass(frozen=True)
@@ -127,7 +170,7 @@ STRATEGY_NAMES: tuple[str, ...] = ("async_ps", "allreduce", "async_model_average
 #: ``communication.partition_precision``: how partitions travel to and from partition servers.
 PARTITION_PRECISION_NAMES: tuple[str, ...] = ("fp32", "compressed")
 
-BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in"]
+BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in", "buffer"]
 
 #: Config value types named after what they hold (``OperatorName``: a name of an operator of
 #: :mod:`bigembed.model.operators`), matched case-insensitively.

@@ -50,8 +50,73 @@ def _affinity(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[Buck
     return order
 
 
-def bucket_order(name: str, nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[Bucket]:
-    """Every bucket exactly once, in the order ``name`` (random/affinity/inside_out/outside_in)."""
+def _emit(pairs: list[tuple[int, int]], rng: random.Random) -> list[Bucket]:
+    """The buckets of unordered partition pairs, a bucket next to its transpose, in random order."""
+    groups: list[list[Bucket]] = []
+    for a, b in pairs:
+        group: list[Bucket] = [(a, a)] if a == b else [(a, b), (b, a)]
+        rng.shuffle(group)
+        groups.append(group)
+    rng.shuffle(groups)
+    return [b for g in groups for b in g]
+
+
+def _buffer_order(nparts: int, buffer: int, rng: random.Random) -> list[Bucket]:
+    """BETA (Marius, OSDI'21): with ``buffer`` partitions in memory, fix ``buffer - 1`` of them
+    and cycle every partition that still has untrained buckets with them through the last
+    slot; then fix the next ``buffer - 1`` (starting with those already resident) and repeat.
+
+    Each swap trains every new bucket its partition forms with the resident ones, so a pass
+    needs about ``p^2 / (2 (buffer - 1))`` swaps, against about ``p^2 / 2`` when only one
+    bucket's two partitions are held.
+    """
+    c = max(2, min(buffer, nparts))
+    perm = list(range(nparts))
+    rng.shuffle(perm)
+    todo = {(a, b) for a in range(nparts) for b in range(a, nparts)}
+    order: list[Bucket] = []
+    resident: list[int] = []
+
+    def load(part: int, keep: set[int]) -> None:
+        if part in resident:
+            return
+        if len(resident) >= c:
+            resident.remove(next(r for r in resident if r not in keep))
+        resident.append(part)
+        new = sorted(
+            (min(part, r), max(part, r)) for r in resident if (min(part, r), max(part, r)) in todo
+        )
+        todo.difference_update(new)
+        order.extend(_emit(new, rng))
+
+    def open_parts() -> list[int]:
+        return [p for p in perm if any(p in pair for pair in todo)]
+
+    while todo:
+        left = open_parts()
+        if len(left) <= c:
+            for p in left:
+                load(p, set(left))
+            continue
+        fixed = [p for p in resident if p in left][: c - 1]
+        fixed += [p for p in left if p not in fixed][: c - 1 - len(fixed)]
+        for p in fixed:
+            load(p, set(fixed))
+        for p in sorted(left, key=lambda q: q not in resident):
+            if p not in fixed and any((min(p, f), max(p, f)) in todo for f in fixed):
+                load(p, set(fixed))
+    return order
+
+
+def bucket_order(
+    name: str, nparts_lhs: int, nparts_rhs: int, rng: random.Random, buffer: int = 2
+) -> list[Bucket]:
+    """Every bucket exactly once, in the order ``name`` (random/affinity/inside_out/outside_in,
+    or ``buffer``: the fewest swaps for ``buffer`` partitions held per side)."""
+    if name == "buffer":
+        if nparts_lhs == nparts_rhs:
+            return _buffer_order(nparts_lhs, buffer, rng)
+        name = "inside_out"  # lhs and rhs of different sizes: no shared buffer to plan for
     if name == "random":
         order = [(i, j) for i in range(nparts_lhs) for j in range(nparts_rhs)]
         rng.shuffle(order)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -32,13 +32,14 @@ from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
-from bigembed.partition_keys import Bucket
+from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.batch_gate import BatchGate
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
 from bigembed.train.job import ModelState, TrainingJob
+from bigembed.train.memory_budget import MemoryPlan, plan_memory
 from bigembed.train.observers import (
     BucketWork,
     HeldOut,
@@ -82,15 +83,20 @@ class BucketSource(Protocol):
 
 
 class LocalBucketSource:
-    """The configured ``bucket_order``, drawn anew each step from the seed."""
+    """The configured ``bucket_order``, drawn anew each step from the seed. ``buffer``: the
+    partitions per side the ``buffer`` order plans for. Its buckets are known in advance, so
+    the loop plans the partition store's evictions and read-ahead with them."""
 
-    def __init__(self, order: str, seed: int) -> None:
+    known_in_advance = True
+
+    def __init__(self, order: str, seed: int, buffer: int = 2) -> None:
         self.order = order
         self.seed = seed
+        self.buffer = buffer
 
     def buckets(self, it: Iteration, nparts_lhs: int, nparts_rhs: int) -> Iterator[Bucket]:
         rng = random.Random(mix_seed(self.seed, 1, it.index))
-        yield from bucket_order(self.order, nparts_lhs, nparts_rhs, rng)
+        yield from bucket_order(self.order, nparts_lhs, nparts_rhs, rng, self.buffer)
 
 
 @dataclass
@@ -167,6 +173,7 @@ class TrainingLoop:
                     break
         finally:
             pool.close()
+            self.partitions.close()
         result.seconds = time.perf_counter() - started
         result.peak_partition_bytes = self.partitions.peak_bytes
         return result
@@ -183,10 +190,15 @@ class TrainingLoop:
             observers.training(edges - base_edges, loss - base_loss)
 
         t0 = time.perf_counter()
+        wait0 = store.io_wait_seconds
         totals = StepStats()
         records: list[BucketRecord] = []
         grid = (partitions_per_side(self.cfg, "lhs"), partitions_per_side(self.cfg, "rhs"))
-        for bucket in self.bucket_source.buckets(it, *grid):
+        buckets: Iterable[Bucket] = self.bucket_source.buckets(it, *grid)
+        if getattr(self.bucket_source, "known_in_advance", False):
+            buckets = [b for b in buckets if b in sizes]
+            store.plan([self._keys(b) for b in buckets])
+        for bucket in buckets:
             if bucket not in sizes:
                 continue  # no edges
             bt = time.perf_counter()
@@ -217,6 +229,7 @@ class TrainingLoop:
             time.perf_counter() - t0,
             store.bytes_read,
             store.bytes_written,
+            io_wait_seconds=store.io_wait_seconds - wait0,
         )
         observers.step_finished(step)
         self.checkpoints.commit_step(it, StepLog(records, step))
@@ -224,13 +237,16 @@ class TrainingLoop:
         observers.step_committed(step)
         return step
 
+    def _keys(self, bucket: Bucket) -> set[PartitionKey]:
+        return {k for pair in bucket_sides(self.cfg, bucket) for k in pair}
+
     def _load_bucket(self, it: Iteration, bucket: Bucket) -> tuple[BucketWork, Edges]:
         """Make the bucket's partitions resident, load its chunk, withhold the eval edges
         (the same every epoch) and shuffle the rest; returns the work and the edges to train
         (lhs, rhs, rel, weight)."""
         cfg, (i, j) = self.cfg, bucket
         sides = bucket_sides(cfg, bucket)
-        tables = self.partitions.ensure({k for pair in sides for k in pair})
+        tables = self.partitions.ensure(self._keys(bucket))
         chunk = self.job.edge_stores[it.edge_path_idx].load_chunk(
             i, j, it.chunk, self.job.num_chunks
         )
@@ -295,7 +311,8 @@ class Trainer:
     """Single-machine training: the loop with the local parts (see the module docstring).
 
     ``partitions_type`` is the :class:`PartitionStore` class to build (tests pass one that never
-    swaps); ``observers`` come after the standard ones.
+    swaps); ``observers`` come after the standard ones; ``capacity`` replaces the partitions
+    the memory budget holds (tests).
     """
 
     def __init__(
@@ -307,12 +324,17 @@ class Trainer:
         bucket_source: BucketSource | None = None,
         partitions_type: type[PartitionStore] = PartitionStore,
         observers: Sequence[TrainingObserver] = (),
+        capacity: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.job = TrainingJob(cfg)
+        self._capacity = capacity
         self.edge_stores = self.job.edge_stores
         self.checkpoint = CheckpointStore(cfg.checkpoint_path)
-        self.bucket_source = bucket_source or LocalBucketSource(cfg.bucket_order, cfg.seed)
+        self.memory = self._memory_plan()
+        self.bucket_source = bucket_source or LocalBucketSource(
+            cfg.bucket_order, cfg.seed, buffer=self._order_buffer()
+        )
         self.partitions_type = partitions_type
         self.state = ModelState.build(self.job)
         self.observers = [
@@ -344,6 +366,49 @@ class Trainer:
         )
         return loop.run(committed)
 
+    def _memory_plan(self) -> MemoryPlan:
+        """How many partitions this run holds (see :mod:`bigembed.train.memory_budget`)."""
+        cfg, job = self.cfg, self.job
+        counts, dims = job.partition_counts(), job.dimensions()
+        pinned = set(job.unpartitioned(counts))
+        size = {k: n * (dims[k[0]] + 1) * 4 for k, n in counts.items()}
+        per_bucket = max(
+            (
+                len({k for pair in bucket_sides(cfg, (i, j)) for k in pair} - pinned)
+                for i in range(partitions_per_side(cfg, "lhs"))
+                for j in range(partitions_per_side(cfg, "rhs"))
+            ),
+            default=0,
+        )
+        max_edges = max(
+            (
+                max(chunk_sizes(store, c, job.num_chunks).values(), default=0)
+                for store in job.edge_stores
+                for c in range(job.num_chunks)
+            ),
+            default=0,
+        )
+        plan = plan_memory(
+            cfg.memory_budget,
+            [b for k, b in size.items() if k not in pinned],
+            sum(size[k] for k in pinned),
+            max_edges,
+            cfg.resolved_workers(),
+            per_bucket,
+        )
+        if self._capacity is not None:
+            plan = replace(plan, capacity=max(self._capacity, per_bucket))
+        logger.info("%s", plan.describe())
+        return plan
+
+    def _order_buffer(self) -> int:
+        """Partitions per side the bucket order plans for: the capacity, less one slot kept
+        for reading the next bucket's partition ahead (when read-ahead is on)."""
+        types = {t for t in self.cfg.entities if self.cfg.entities[t].num_partitions > 1}
+        per_index = max(len(types), 1)
+        slots = self.memory.capacity - (1 if self.cfg.partition_prefetch else 0)
+        return max(2, slots // per_index)
+
     def open_partitions(
         self, committed: int, init_source: PartitionSource | None, shared: bool
     ) -> PartitionStore:
@@ -360,6 +425,8 @@ class Trainer:
             seed=self.cfg.seed,
             shared=shared,
             pinned=self.job.unpartitioned(counts),
+            capacity=self.memory.capacity,
+            background=self.cfg.partition_prefetch,
         )
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -23,6 +26,7 @@ import torch
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
 from bigembed.partition_keys import PartitionKey
+from bigembed.train.partition_io import Job, PartitionIO
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
@@ -36,11 +40,21 @@ def _seed_for(seed: int, etype: str, part: int) -> int:
 
 
 def init_embeddings(
-    count: int, dim: int, init_scale: float, seed: int, etype: str, part: int
+    count: int,
+    dim: int,
+    init_scale: float,
+    seed: int,
+    etype: str,
+    part: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """N(0, 1) * init_scale, reproducible from (seed, type, partition)."""
+    """N(0, 1) * init_scale, reproducible from (seed, type, partition); written into ``out``
+    if given (no second copy of the table in memory)."""
     gen = torch.Generator().manual_seed(_seed_for(seed, etype, part))
-    return torch.randn((count, dim), generator=gen).mul_(init_scale)
+    if out is None:
+        out = torch.empty((count, dim))
+    torch.randn((count, dim), generator=gen, out=out)
+    return out.mul_(init_scale)
 
 
 @dataclass
@@ -61,6 +75,17 @@ class PartitionRemote(Protocol):
 
 
 class PartitionStore:
+    """The resident partitions, and the swapping of the others to the checkpoint (or remote).
+
+    ``capacity``: how many partitioned tables may be alive at once (resident, being read ahead
+    or being written back); ``None`` holds only the current bucket's partitions, swapping
+    synchronously (the distributed mode, where the lock server decides what comes next). With
+    a capacity, a partition is evicted only to make room, the one used furthest in the future
+    (:meth:`plan` gives the future; without it, the least recently used). ``background``
+    writes evicted partitions back and reads the next bucket's partitions in background threads
+    while the current bucket trains (see :mod:`bigembed.train.partition_io`).
+    """
+
     def __init__(
         self,
         counts: dict[PartitionKey, int],
@@ -75,6 +100,9 @@ class PartitionStore:
         shared: bool,
         pinned: Iterable[PartitionKey] = (),
         remote: PartitionRemote | None = None,
+        capacity: int | None = None,
+        background: bool = False,
+        record_events: bool = False,
     ) -> None:
         self.counts = counts
         self.dims = dims
@@ -87,11 +115,33 @@ class PartitionStore:
         self.shared = shared
         self.pinned = set(pinned)
         self.remote = remote
+        self.capacity = capacity
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
         self.bytes_read = 0
         self.bytes_written = 0
+        #: partitions brought in (read or initialised) and written back, over the run
+        self.loads = 0
+        self.writes = 0
+        #: seconds the training thread waited for partition I/O in :meth:`ensure`
+        self.io_wait_seconds = 0.0
+        #: most partitioned tables allocated at once (resident, read ahead, not yet written back)
+        self.peak_tables = 0
+        self._tables = 0
+        #: partitions whose read was started ahead, while an earlier bucket trained
+        self.reads_ahead = 0
+        #: ("write_queued" | "write_end" | "load_start" | "load_end", key) in order, if recorded
+        self.events: list[tuple[str, PartitionKey]] | None = [] if record_events else None
+        self._writer = PartitionIO(background)
+        self._reader = PartitionIO(background)
+        self._writing: dict[PartitionKey, Job] = {}
+        self._reading: dict[PartitionKey, Job] = {}
+        self._lock = threading.Lock()
+        self._future: list[frozenset[PartitionKey]] = []
+        self._cursor = 0
+        self._last_use: dict[PartitionKey, int] = {}
+        self._clock = 0
 
     # ------------------------------------------------------------------ bookkeeping
     def table_bytes(self, key: PartitionKey) -> int:
@@ -102,6 +152,33 @@ class PartitionStore:
 
     def loaded_bytes(self) -> int:
         return sum(t.emb.numel() * 4 + t.state.numel() * 4 for t in self.loaded.values())
+
+    def _event(self, kind: str, key: PartitionKey) -> None:
+        if self.events is not None:
+            with self._lock:
+                self.events.append((kind, key))
+
+    def _alive(self) -> int:
+        """Partitioned tables in memory or about to be: resident, being read, being written."""
+        self._reap()
+        resident = sum(1 for k in self.loaded if k not in self.pinned)
+        return resident + len(self._reading) + len(self._writing)
+
+    def _reap(self) -> None:
+        for key, job in list(self._writing.items()):
+            if job.done():
+                del self._writing[key]
+                job.result()  # re-raise a failed write-back here, in the training thread
+
+    def _count_table(self, key: PartitionKey, delta: int) -> None:
+        if key in self.pinned:
+            return
+        with self._lock:
+            self._tables += delta
+            self.peak_tables = max(self.peak_tables, self._tables)
+
+    def _note_peak(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.loaded_bytes())
 
     def _allocate(self, key: PartitionKey) -> Table:
         count, dim = self.counts[key], self.dims[key[0]]
@@ -139,7 +216,8 @@ class PartitionStore:
         if self.remote is not None:
             table = self._allocate(key)
             if self.remote.fetch(key, table.emb, table.state):
-                self.bytes_read += self.table_bytes(key)
+                with self._lock:
+                    self.bytes_read += self.table_bytes(key)
                 return table
         source: tuple[CheckpointStore, int, bool] | None = None
         if ck.has_partition(etype, part, self.working):
@@ -163,14 +241,15 @@ class PartitionStore:
         if table is None:
             table = self._allocate(key)
         if source is None:
-            table.emb.copy_(init_embeddings(count, dim, self.init_scale, self.seed, etype, part))
+            init_embeddings(count, dim, self.init_scale, self.seed, etype, part, out=table.emb)
             table.state.zero_()
             return table
         store, version, own = source
         store.load_partition(etype, part, version, table.emb, table.state, require_state=own)
         if not own:
             table.state.zero_()  # warm start: parameters yes, optimizer state no
-        self.bytes_read += self.table_bytes(key)
+        with self._lock:
+            self.bytes_read += self.table_bytes(key)
         return table
 
     def _save(self, key: PartitionKey, table: Table) -> None:
@@ -178,37 +257,167 @@ class PartitionStore:
             self.remote.store(key, table.emb, table.state)
         else:
             self.checkpoint.save_partition(key[0], key[1], self.working, table.emb, table.state)
-        self.bytes_written += self.table_bytes(key)
+        with self._lock:
+            self.bytes_written += self.table_bytes(key)
+            self.writes += 1
 
+    def _load_logged(self, key: PartitionKey) -> Table:
+        self._event("load_start", key)
+        table = self._load(key)
+        with self._lock:
+            self.loads += 1
+        self._count_table(key, 1)
+        self._event("load_end", key)
+        return table
+
+    def _write_back(self, key: PartitionKey) -> None:
+        """Take ``key`` out of the resident set and queue its write-back."""
+        table = self.loaded.pop(key)
+        self.dirty.discard(key)
+        self._event("write_queued", key)
+
+        def write() -> None:
+            self._save(key, table)
+            self._count_table(key, -1)
+            self._event("write_end", key)
+
+        self._writing[key] = self._writer.submit(write)
+
+    def _read_after(self, key: PartitionKey) -> list[Job]:
+        """The write-backs a read of ``key`` must wait for: its own (a partition is never read
+        before its write-back is complete) and, if the budget is full, those that free room."""
+        self._reap()
+        after = [self._writing[key]] if key in self._writing else []
+        if self._alive() + 1 > self._room():
+            after += [j for k, j in self._writing.items() if k != key]
+        return after
+
+    def _room(self) -> int:
+        return self.capacity if self.capacity is not None else 0
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, future: Sequence[Iterable[PartitionKey]]) -> None:
+        """The partitions of the buckets to come, in order; :meth:`ensure` takes them one by
+        one, evicts the partition needed furthest ahead and reads the next bucket's early."""
+        self._future = [frozenset(k for k in keys if k not in self.pinned) for keys in future]
+        self._cursor = 0
+
+    def _next_use(self, key: PartitionKey) -> float:
+        for i in range(self._cursor, len(self._future)):
+            if key in self._future[i]:
+                return i
+        return float("inf")
+
+    def _victim(self, protect: set[PartitionKey]) -> PartitionKey | None:
+        """The resident partition to evict: needed furthest ahead, else least recently used."""
+        candidates = [k for k in self.loaded if k not in protect and k not in self.pinned]
+        if not candidates:
+            return None
+        return max(
+            sorted(candidates), key=lambda k: (self._next_use(k), -self._last_use.get(k, -1))
+        )
+
+    def _make_room(self, protect: set[PartitionKey]) -> bool:
+        """Evict until one more table fits in the capacity (counting tables being written back,
+        which the new one will wait for); False if only protected partitions are left."""
+        while self._alive() - len(self._writing) + 1 > self._room():
+            victim = self._victim(protect)
+            if victim is None:
+                return False
+            self._write_back(victim)
+        return True
+
+    # ------------------------------------------------------------------ load / save
     def get(self, key: PartitionKey) -> Table:
         return self.loaded[key]
 
     def read(self, key: PartitionKey) -> Table:
         """A partition's current value in a fresh table, without making it resident."""
+        self.drain()
         return self._load(key)
 
+    def drain(self) -> None:
+        """Wait for every background read and write-back (re-raising their errors)."""
+        self._writer.drain()
+        self._reader.drain()
+        self._reap()
+
     def evict(self, keep: Iterable[PartitionKey] = ()) -> list[PartitionKey]:
-        """Swap out every resident partition except ``keep`` and the pinned ones; returns them."""
+        """Swap out every resident partition except ``keep`` and the pinned ones, and wait for
+        the write-backs (the lock client releases them next); returns them."""
         want = set(keep) | self.pinned
+        self._drop_reads(want)
         out = sorted(set(self.loaded) - want)
         for key in out:
-            table = self.loaded.pop(key)
-            self._save(key, table)
-            self.dirty.discard(key)
+            self._write_back(key)
+        self.drain()
         return out
 
+    def _drop_reads(self, keep: set[PartitionKey]) -> None:
+        for key in [k for k in self._reading if k not in keep]:
+            self._reading.pop(key).take()
+            self._count_table(key, -1)
+
     def ensure(self, needed: Iterable[PartitionKey]) -> dict[PartitionKey, Table]:
-        """Make exactly ``needed`` (plus pinned partitions) resident; swap the rest out."""
+        """Make ``needed`` (plus pinned partitions) resident and return their tables.
+
+        Without a capacity every other partition is swapped out first. With one, others stay
+        until their room is needed; if :meth:`plan` gave the future, this call takes the next
+        planned bucket and then starts reading the one after it in the background.
+        """
+        started = time.perf_counter()
         want = set(needed) | self.pinned
-        self.evict(want)
+        if self.capacity is None:
+            self.evict(want)
+        for key, job in sorted(self._reading.items()):
+            self.loaded[key] = job.take()  # read ahead for this bucket (or stale: evictable)
+        self._reading.clear()
         for key in sorted(want - set(self.loaded)):
-            self.loaded[key] = self._load(key)
+            room = self.capacity is None or key in self.pinned or self._make_room(want)
+            if not room:
+                raise BigembedError(
+                    f"partition capacity {self.capacity} is smaller than one bucket's "
+                    f"{len(want - self.pinned)} partitions"
+                )
+            for dep in self._read_after(key):
+                dep.result()
+            self.loaded[key] = self._load_logged(key)
+            self._note_peak()
         self.dirty |= want
-        self.peak_bytes = max(self.peak_bytes, self.loaded_bytes())
+        self._clock += 1
+        for key in want:
+            self._last_use[key] = self._clock
+        if self._future and self._cursor < len(self._future):
+            self._cursor += 1
+        self._note_peak()
+        self.io_wait_seconds += time.perf_counter() - started
+        self._prefetch(want)
         return {k: self.loaded[k] for k in want}
+
+    def _prefetch(self, current: set[PartitionKey]) -> None:
+        """Start reading the next planned bucket's partitions, as far as the capacity allows
+        without touching the current bucket's."""
+        if (
+            self.capacity is None
+            or not self._reader.background
+            or self._cursor >= len(self._future)
+        ):
+            return
+        upcoming = self._future[self._cursor]
+        for key in sorted(upcoming - set(self.loaded) - set(self._reading)):
+            if not self._make_room(current | upcoming):
+                return
+            after = self._read_after(key)
+            self._reading[key] = self._reader.submit(partial(self._load_logged, key), after)
+            self.reads_ahead += 1
+            self._note_peak()
 
     def flush(self) -> None:
         """Write every resident partition as the working version and carry the others over."""
+        self.drain()
+        for key, job in sorted(self._reading.items()):
+            self.loaded[key] = job.take()
+        self._reading.clear()
         for key, table in sorted(self.loaded.items()):
             self._save(key, table)
         self.dirty.clear()
@@ -225,8 +434,18 @@ class PartitionStore:
                     self._save(key, table)
 
     def advance(self, committed: int, working: int) -> None:
+        self.drain()
         self.committed = committed
         self.working = working
 
     def release_all(self) -> None:
+        self.drain()
+        self._reading.clear()
         self.loaded.clear()
+        self._tables = 0
+        self.close()
+
+    def close(self) -> None:
+        """Stop the background threads (after the jobs already queued)."""
+        self._writer.close()
+        self._reader.close()

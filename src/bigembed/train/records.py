@@ -195,6 +195,8 @@ class StepRecord:
     net_bytes: int | None = None
     lock_waits: int | None = None
     trainers: int | None = None
+    #: seconds the training thread waited for partitions to be read or written back
+    io_wait_seconds: float | None = None
 
     @property
     def edges_per_sec(self) -> float:
@@ -208,6 +210,8 @@ class StepRecord:
         for key in ("net_bytes", "lock_waits", "trainers"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.io_wait_seconds is not None:
+            out["io_wait_seconds"] = round(self.io_wait_seconds, 4)
         return out
 
     @classmethod
@@ -226,6 +230,7 @@ class StepRecord:
             opt("net_bytes"),
             opt("lock_waits"),
             opt("trainers"),
+            None if data.get("io_wait_seconds") is None else float(data["io_wait_seconds"]),
         )
 
 
