@@ -46,6 +46,7 @@ from bigembed.config_types import (
     ComputeDtypeName,
     Float,
     Int,
+    LoadBalancing,
     LossName,
     OperatorName,
     PartitionPrecisionName,
@@ -122,6 +123,7 @@ BIGEMBED_ONLY_KEYS = (
     "communication.partition_precision",
     "communication.sync_every",
     "communication.sync_interval",
+    "load_balancing",
 )
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -323,6 +325,13 @@ class ConfigSchema(BaseModel):
         default="inside_out",
         description="Order of buckets within a pass: random, affinity, inside_out or outside_in "
         "(single machine).",
+    )
+    load_balancing: LoadBalancing = Field(
+        default="cost",
+        description="How work is balanced: cost = by a per-bucket cost model (edges x per-edge "
+        "cost of their relations): the lock server grants the costliest work on the busiest "
+        "partitions first and Hogwild workers take batches from a shared queue; pbg = PBG's "
+        "schedule (grants by partition affinity then edge count, even slices per worker).",
     )
     workers: Int | None = Field(
         default=None,
