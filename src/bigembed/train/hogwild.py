@@ -63,9 +63,10 @@ class BucketTask:
     end: int
     seed: int
     delay: float = 0.0  # seconds to wait before starting (PBG's hogwild_delay)
-    # Work stealing: the bucket's batch plan (see batch_plan); start/end are then unused.
-    plan: Tensor | None = None
-    order: Tensor | None = None
+    # Work stealing: the bucket's batch plan (see batch_plan) over edges already put in plan
+    # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
+    # array sent by value (one more shared-memory tensor per task costs more than it).
+    plan: np.ndarray | None = None
 
 
 @dataclass
@@ -114,7 +115,7 @@ def _stolen(task: BucketTask, batches: BatchQueue) -> Iterator[Batch]:
     assert task.plan is not None
     n = int(task.plan.shape[0])
     while (k := batches.take()) < n:
-        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, task.order, task.plan[k])
+        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, task.plan[k])
 
 
 def run_task(
@@ -265,15 +266,16 @@ class HogwildPool:
             self.board[0, BUSY] += time.perf_counter() - started
             self.last_busy = [float(self.board[0, BUSY]) - busy_before[0]]
             return stats
-        plan: Tensor | None = None
-        order: Tensor | None = None
+        plan: np.ndarray | None = None
         if self._batches is not None:
-            order, plan_np = batch_plan(
+            order, plan = batch_plan(
                 rel, self.setup.batch_size, self.setup.dynamic, np.random.default_rng(seed)
             )
-            plan = torch.from_numpy(plan_np)
+            if order is not None:  # put the edges in plan order: batches become slices
+                lhs, rhs, rel = lhs[order], rhs[order], rel[order]
+                weight = None if weight is None else weight[order]
             self._batches.reset()
-        for t in (lhs, rhs, rel, weight, plan, order):
+        for t in (lhs, rhs, rel, weight):
             if t is not None:
                 t.share_memory_()  # in place: the tasks pickle handles to shared memory
         for rank in range(self.workers):
@@ -290,7 +292,6 @@ class HogwildPool:
                     seed * 1000 + rank,
                     stagger if rank > 0 else 0.0,
                     plan,
-                    order,
                 )
             )
         total = StepStats()
