@@ -171,6 +171,7 @@ PBG_DEFAULTS = {
     "tune": None,
     "memory_budget": None,
     "partition_prefetch": True,
+    "load_balancing": "cost",
 }
 
 

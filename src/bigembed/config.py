@@ -48,6 +48,7 @@ from bigembed.config_types import (
     EvalProtocolName,
     Float,
     Int,
+    LoadBalancing,
     LossName,
     OperatorName,
     PartitionPrecisionName,
@@ -144,6 +145,7 @@ BIGEMBED_ONLY_KEYS = (
     "tune.sampler",
     "tune.pruner",
     "tune.startup_trials",
+    "load_balancing",
 )
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -434,6 +436,13 @@ class ConfigSchema(BaseModel):
         description="Order of buckets within a pass: random, affinity, inside_out, outside_in, "
         "or buffer (bigembed only: BETA-like, fewest swaps for the partitions memory_budget "
         "holds) (single machine).",
+    )
+    load_balancing: LoadBalancing = Field(
+        default="cost",
+        description="How work is balanced: cost = by a per-bucket cost model (edges x per-edge "
+        "cost of their relations): the lock server grants the costliest work on the busiest "
+        "partitions first and Hogwild workers take batches from a shared queue; pbg = PBG's "
+        "schedule (grants by partition affinity then edge count, even slices per worker).",
     )
     workers: Int | None = Field(
         default=None,

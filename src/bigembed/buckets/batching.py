@@ -33,37 +33,51 @@ def _take(
     return Batch(lhs[sel], rhs[sel], rel[sel], ridx, None if weight is None else weight[sel])
 
 
-def contiguous_batches(
-    lhs: Tensor, rhs: Tensor, rel: Tensor, weight: Tensor | None, batch_size: int
-) -> Iterator[Batch]:
-    for start in range(0, lhs.shape[0], batch_size):
-        sel = slice(start, start + batch_size)
-        yield _take(lhs, rhs, rel, weight, sel, 0)
+def batch_plan(
+    rel: Tensor, batch_size: int, dynamic: bool, rng: np.random.Generator
+) -> tuple[Tensor | None, np.ndarray]:
+    """The batches of some edges, planned ahead: ``(order, plan)``.
 
-
-def relation_grouped_batches(
-    lhs: Tensor,
-    rhs: Tensor,
-    rel: Tensor,
-    weight: Tensor | None,
-    batch_size: int,
-    rng: np.random.Generator,
-) -> Iterator[Batch]:
-    """Single-relation batches, relation drawn with probability ∝ edges left."""
+    ``plan`` is an ``(n_batches, 3)`` int64 array of ``(begin, end, relation_idx)``; batch ``k``
+    is the edges ``order[begin:end]`` (``order`` ``None``: rows ``begin:end``). Dynamic relations:
+    contiguous batches of mixed types (relation_idx 0). Otherwise single-relation batches, the
+    relation drawn with probability ∝ its edges left (PBG's rule). Hogwild workers take the
+    batches of one plan from a shared queue (:mod:`bigembed.train.hogwild`);
+    :func:`make_batches` walks a plan in order.
+    """
+    n = int(rel.shape[0])
+    if dynamic:
+        starts = np.arange(0, n, batch_size, dtype=np.int64)
+        plan = np.stack([starts, np.minimum(starts + batch_size, n), np.zeros_like(starts)], 1)
+        return None, plan.reshape(-1, 3)
     rel_np = rel.numpy()
     order = np.argsort(rel_np, kind="stable")
     types, starts, counts = np.unique(rel_np[order], return_index=True, return_counts=True)
     cursor = np.zeros(len(types), dtype=np.int64)
     left = counts.astype(np.int64).copy()
-    order_t = torch.from_numpy(order)
+    rows: list[tuple[int, int, int]] = []
     while left.sum() > 0:
         k = int(rng.choice(len(types), p=left / left.sum()))
         take = int(min(batch_size, left[k]))
         begin = int(starts[k] + cursor[k])
-        sel = order_t[begin : begin + take]
         cursor[k] += take
         left[k] -= take
-        yield _take(lhs, rhs, rel, weight, sel, int(types[k]))
+        rows.append((begin, begin + take, int(types[k])))
+    return torch.from_numpy(order), np.array(rows, dtype=np.int64).reshape(-1, 3)
+
+
+def planned_batch(
+    lhs: Tensor,
+    rhs: Tensor,
+    rel: Tensor,
+    weight: Tensor | None,
+    order: Tensor | None,
+    row: np.ndarray | Tensor,
+) -> Batch:
+    """Batch ``row`` (one ``(begin, end, relation_idx)`` line of a :func:`batch_plan`)."""
+    begin, end, ridx = (int(x) for x in row)
+    sel: Tensor | slice = slice(begin, end) if order is None else order[begin:end]
+    return _take(lhs, rhs, rel, weight, sel, ridx)
 
 
 def make_batches(
@@ -75,6 +89,7 @@ def make_batches(
     dynamic: bool,
     rng: np.random.Generator,
 ) -> Iterator[Batch]:
-    if dynamic:
-        return contiguous_batches(lhs, rhs, rel, weight, batch_size)
-    return relation_grouped_batches(lhs, rhs, rel, weight, batch_size, rng)
+    """All the batches of some edges, in :func:`batch_plan`'s order."""
+    order, plan = batch_plan(rel, batch_size, dynamic, rng)
+    for row in plan:
+        yield planned_batch(lhs, rhs, rel, weight, order, row)

@@ -4,9 +4,17 @@ Rules, per pass (one (epoch, edge set, chunk) step):
 
 * a trainer is granted a bucket none of whose partitions another trainer holds (its own, kept
   from its previous bucket, are fine) and that nobody has trained in this pass;
-* among those it prefers the ones sharing the most partitions with what it holds (fewer
-  transfers), then the largest by edge count (Bagua-style load balancing: the big buckets go
-  first, so the trainers finish together), then the smallest (i, j);
+* which of those, the *grant policy* (config ``load_balancing``) decides:
+
+  - ``pbg`` (PBG's behaviour, kept for comparison): the ones sharing the most partitions with
+    what it holds (fewer transfers), then the largest by edge count, then the smallest (i, j);
+  - ``cost`` (the default): the bucket whose partitions carry the most remaining cost (the sum,
+    over its partitions, of the cost of the buckets not yet granted that use them), then the
+    costliest bucket, then affinity, then the smallest (i, j). No two trainers can use a
+    partition at once, so a partition's remaining cost is a lower bound on the time left in the
+    pass: serving the busiest partitions first keeps that bound from becoming the tail, and
+    among them the costliest bucket first is Bagua's "largest first" balancing, by cost (see
+    :mod:`bigembed.buckets.cost`) rather than by edge count;
 * with ``distributed_tree_init_order``, in the first pass of a fresh run a bucket is granted only
   if all its lhs or all its rhs partitions were touched already, starting from partition 0 of
   each type, so every partition's random start is first trained next to an already aligned
@@ -43,13 +51,22 @@ SideKeys = tuple[frozenset[PartitionKey], frozenset[PartitionKey]]
 CHANNEL = "lock"
 
 
+#: The grant policies (config ``load_balancing``).
+POLICIES = ("cost", "pbg")
+
+
 @dataclass(frozen=True)
 class PassPlan:
-    """The buckets of one pass with their edge counts in this pass's chunk (which may be 0)."""
+    """The buckets of one pass with their edge counts in this pass's chunk (which may be 0)
+    and, for the ``cost`` policy, their costs (``None``: the edge counts are the costs)."""
 
     iteration: int
     weights: dict[Bucket, int]
     tree_init: bool
+    costs: dict[Bucket, float] | None = None
+
+    def cost(self, bucket: Bucket) -> float:
+        return float(self.weights[bucket] if self.costs is None else self.costs[bucket])
 
 
 class EventLog:
@@ -89,7 +106,11 @@ class BucketScheduler:
         keys_of: Callable[[Bucket], SideKeys],
         plan_for: Callable[[int], PassPlan],
         log: EventLog | None = None,
+        policy: str = "pbg",
     ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown grant policy {policy!r} (expected one of {POLICIES})")
+        self.policy = policy
         self.keys_of = keys_of
         self.plan_for = plan_for
         self.log = log or EventLog(None)
@@ -101,6 +122,7 @@ class BucketScheduler:
         self.owner: dict[PartitionKey, int] = {}
         self.held: dict[int, set[PartitionKey]] = {}
         self.touched: set[PartitionKey] | None = None
+        self.load: dict[PartitionKey, float] = {}  # remaining cost per partition (cost policy)
 
     def _all_keys(self, bucket: Bucket) -> frozenset[PartitionKey]:
         lhs, rhs = self.keys_of(bucket)
@@ -128,6 +150,10 @@ class BucketScheduler:
         self.done = set()
         self.active = {}
         self.touched = None
+        self.load = {}
+        for b in self.pending:
+            for k in self._all_keys(b):
+                self.load[k] = self.load.get(k, 0.0) + plan.cost(b)
         if plan.tree_init:
             self.touched = {k for b in self.pending for k in self._all_keys(b) if k[1] == 0}
         self.log.write(
@@ -174,9 +200,11 @@ class BucketScheduler:
             self.log.write("wait", trainer=trainer, iteration=iteration)
             return {"kind": "wait", "release": _keys_json(held)}
         weights = self.plan.weights
-        best = min(allowed, key=lambda b: (-len(self._all_keys(b) & held), -weights[b], b))
+        best = min(allowed, key=lambda b: self._rank(b, held))
         keys = self._all_keys(best)
         self.pending.discard(best)
+        for k in keys:
+            self.load[k] -= self.plan.cost(best)
         self.active[trainer] = best
         for k in keys:
             self.owner[k] = trainer
@@ -190,8 +218,19 @@ class BucketScheduler:
             bucket=list(best),
             partitions=_keys_json(keys),
             edges=weights[best],
+            cost=self.plan.cost(best),
         )
         return {"kind": "bucket", "bucket": list(best), "release": _keys_json(held - keys)}
+
+    def _rank(self, bucket: Bucket, held: set[PartitionKey]) -> tuple:
+        """The grant policy: the allowed bucket with the smallest rank is granted."""
+        assert self.plan is not None
+        keys = self._all_keys(bucket)
+        affinity = len(keys & held)
+        if self.policy == "pbg":
+            return (-affinity, -self.plan.weights[bucket], bucket)
+        pressure = sum(self.load[k] for k in keys)
+        return (-pressure, -self.plan.cost(bucket), -affinity, bucket)
 
     def release(self, trainer: int, iteration: int, keys: list[PartitionKey]) -> Message:
         held = self.held.setdefault(trainer, set())

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from bigembed.buckets.cost import CostModel, bucket_costs
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication import get_codec
@@ -129,17 +130,38 @@ def side_keys(cfg: ConfigSchema, bucket: Bucket) -> SideKeys:
     return lhs, rhs
 
 
+def lock_cost_model(job: TrainingJob) -> CostModel | None:
+    """The cost model of the ``cost`` grant policy (None with ``load_balancing: pbg``, which
+    weighs buckets by edge count). Analytic: calibrating it on rank 0 at start
+    (:func:`bigembed.train.cost_calibration.calibrate`) made the allreduce strategy's first gloo
+    round time out with 2 Hogwild workers per trainer (tests/test_strategies.py); not wired
+    until that is understood."""
+    cfg = job.cfg
+    if cfg.load_balancing != "cost":
+        return None
+    counts = job.partition_counts()
+    rows = max(counts.values(), default=1) if counts else 1
+    model = CostModel.analytic(cfg, all_negs_rows=rows)
+    logger.info("cost model (multiply-adds per edge): %s", model.per_edge)
+    return model
+
+
 def start_lock_server(
     ctx: DistContext, job: TrainingJob, checkpoint: CheckpointStore, committed: int, fresh: bool
 ) -> LockServer:
     """Rank 0: start the lock server of a run resumed at ``committed`` (logs to EVENT_LOG)."""
     cfg = job.cfg
+    costs = lock_cost_model(job)
 
     def plan_for(index: int) -> PassPlan:
         it = next(iterations(cfg.num_epochs, len(cfg.edge_paths), job.num_chunks, index))
-        weights = chunk_sizes(job.edge_stores[it.edge_path_idx], it.chunk, job.num_chunks)
+        store = job.edge_stores[it.edge_path_idx]
+        weights = chunk_sizes(store, it.chunk, job.num_chunks)
         tree = bool(cfg.distributed_tree_init_order) and index == 0 and fresh
-        return PassPlan(index, weights, tree)
+        if costs is None:
+            return PassPlan(index, weights, tree)
+        per_bucket = bucket_costs(cfg, store, it.chunk, job.num_chunks, costs, it.edge_path_idx)
+        return PassPlan(index, weights, tree, per_bucket)
 
     log = EventLog(checkpoint.path / EVENT_LOG)
     log.write(
@@ -150,7 +172,7 @@ def start_lock_server(
     )
     server = LockServer(
         ctx.address.namespaced(ctx.address.client(ctx.timeout)),
-        BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log),
+        BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log, policy=cfg.load_balancing),
         ctx.fail,
         session=ctx.session,
         trainers=ctx.layout.num_trainers,

@@ -1,7 +1,18 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the shuffled edges, trains its even share of them, and reports stats.
+shared-memory tables and the shuffled edges, trains its part of them, and reports stats. How
+the edges are split (config ``load_balancing``):
+
+* ``cost`` (work stealing): the trainer plans the bucket's batches once
+  (:func:`~bigembed.buckets.batching.batch_plan`, PBG's batching rule over the whole bucket) and
+  the workers take them one at a time from a shared counter until none is left, so a worker
+  slowed down (by a costlier relation, a busy core, ``hogwild_delay``) simply takes fewer and
+  nobody idles at the end of a bucket. Every batch is trained exactly once; each batch is drawn
+  as before, so the loss per edge is the same in expectation;
+* ``pbg``: each worker gets an even slice of the shuffled edges and batches it itself; the
+  bucket ends when the slowest worker does.
+
 Progress is published through a small shared tensor so the parent can draw a live progress bar.
 With one worker everything runs in the calling process. Workers die with the trainer, even one
 killed while they start up (see :mod:`bigembed.train.worker_guard`).
@@ -16,16 +27,17 @@ import queue
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from bigembed.buckets.batching import make_batches
+from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
@@ -51,6 +63,10 @@ class BucketTask:
     end: int
     seed: int
     delay: float = 0.0  # seconds to wait before starting (PBG's hogwild_delay)
+    # Work stealing: the bucket's batch plan (see batch_plan) over edges already put in plan
+    # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
+    # array sent by value (one more shared-memory tensor per task costs more than it).
+    plan: np.ndarray | None = None
 
 
 @dataclass
@@ -65,27 +81,66 @@ class WorkerSetup:
     gate: BatchGate | None = None  # passed before every batch (synchronous strategies)
 
 
+class BatchQueue:
+    """The shared queue of a bucket's planned batches: a counter in shared memory.
+
+    ``take`` hands out 0, 1, 2, ... exactly once each across all processes (the counter's lock
+    makes read-and-increment atomic); ``reset`` starts a new bucket (only while no worker is
+    taking). Passed to the workers as a process argument (a lock cannot travel in a queue).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._next = ctx.Value("q", 0, lock=True)
+
+    def take(self) -> int:
+        with self._next.get_lock():
+            k = int(self._next.value)
+            self._next.value = k + 1
+        return k
+
+    def reset(self) -> None:
+        with self._next.get_lock():
+            self._next.value = 0
+
+
+def _even_share(setup: WorkerSetup, task: BucketTask, rng: np.random.Generator) -> Iterator[Batch]:
+    sel = slice(task.start, task.end)
+    weight = None if task.weight is None else task.weight[sel]
+    return make_batches(
+        task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
+    )
+
+
+def _stolen(task: BucketTask, batches: BatchQueue) -> Iterator[Batch]:
+    assert task.plan is not None
+    n = int(task.plan.shape[0])
+    while (k := batches.take()) < n:
+        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, task.plan[k])
+
+
 def run_task(
     setup: WorkerSetup,
     task: BucketTask,
     trainer: BatchTrainer,
     progress: Callable[[int, float], None],
     slot: int = 0,
+    batches: BatchQueue | None = None,
 ) -> StepStats:
-    """Train ``task``'s edge range; ``progress(edges, loss)`` is called after every batch.
+    """Train ``task``: its edge range, or with a plan, batches taken from ``batches`` until the
+    queue is empty; ``progress(edges, loss)`` is called after every batch.
 
     ``slot``: this worker's index (its counter in the setup's gate)."""
     if task.delay > 0:
         time.sleep(task.delay)
-    sel = slice(task.start, task.end)
-    weight = None if task.weight is None else task.weight[sel]
     trainer.gen.manual_seed(task.seed)
-    rng = np.random.default_rng(task.seed)
     total = StepStats()
     gate = setup.gate
-    for batch in make_batches(
-        task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
-    ):
+    if task.plan is not None:
+        assert batches is not None, "a planned task needs the batch queue"
+        source = _stolen(task, batches)
+    else:
+        source = _even_share(setup, task, np.random.default_rng(task.seed))
+    for batch in source:
         if gate is not None:
             gate.wait_turn()
         lhs_key, rhs_key = task.sides[batch.relation_idx]
@@ -103,7 +158,9 @@ def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
     )
 
 
-def worker_main(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
+def worker_main(
+    rank: int, tasks: mp.Queue, results: mp.Queue, batches: BatchQueue | None = None
+) -> None:
     """The worker loop; its first message is ``(setup, board)``, then tasks until ``None``.
 
     Runs after :func:`bigembed.train.worker_guard.worker_entry` has tied the process's life to
@@ -123,25 +180,37 @@ def worker_main(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
         if task is None:
             return
         reply: tuple[int, str, StepStats | str]  # (rank, "ok", stats) or (rank, "error", text)
+        started = time.perf_counter()
         try:
-            reply = (rank, "ok", run_task(setup, task, trainer, progress, rank))
+            reply = (rank, "ok", run_task(setup, task, trainer, progress, rank, batches))
         except Exception:
             reply = (rank, "error", traceback.format_exc())
+        board[rank, BUSY] += time.perf_counter() - started - task.delay
         # Drop the task's tables before replying: once the trainer has every reply it may evict
         # a partition, and a mapping still held here would keep its shared memory alive.
         del task
         results.put(reply)
 
 
+#: Column of the progress board holding each worker's seconds spent training tasks.
+BUSY = 2
+
+
 class HogwildPool:
-    def __init__(self, setup: WorkerSetup, workers: int) -> None:
+    """``steal``: split buckets by work stealing (``load_balancing: cost``), else even slices."""
+
+    def __init__(self, setup: WorkerSetup, workers: int, steal: bool = True) -> None:
         self.setup = setup
         self.workers = workers
-        self.board = torch.zeros((workers, 2), dtype=torch.float64)
+        self.steal = steal
+        self.board = torch.zeros((workers, 3), dtype=torch.float64)
+        self.last_busy: list[float] = []  # per worker: seconds busy in the last run()
         self._procs: list[BaseProcess] = []
+        self._batches: BatchQueue | None = None
         if workers > 1:
             ctx = mp.get_context("spawn")
             self.board.share_memory_()
+            self._batches = BatchQueue(ctx) if steal else None
             self._tasks = [ctx.Queue() for _ in range(workers)]
             self._results = ctx.Queue()
             for rank in range(workers):
@@ -149,7 +218,7 @@ class HogwildPool:
                 # worker guards itself against its parent's death before unpickling anything.
                 p = ctx.Process(
                     target=worker_entry,
-                    args=(os.getpid(), rank, self._tasks[rank], self._results),
+                    args=(os.getpid(), rank, self._tasks[rank], self._results, self._batches),
                     name=f"bigembed-hogwild-{rank}",
                     daemon=True,
                 )
@@ -161,7 +230,7 @@ class HogwildPool:
             self._trainer = _make_trainer(setup)
 
     def progress(self) -> tuple[int, float]:
-        edges, loss = self.board.sum(dim=0).tolist()
+        edges, loss, _ = self.board.sum(dim=0).tolist()
         return int(edges), float(loss)
 
     def run(
@@ -183,6 +252,7 @@ class HogwildPool:
         """
         n = int(lhs.shape[0])
         bounds = np.linspace(0, n, self.workers + 1).astype(np.int64)
+        busy_before = self.board[:, BUSY].tolist()
         if self.workers == 1:
 
             def progress(edges: int, loss: float) -> None:
@@ -191,7 +261,20 @@ class HogwildPool:
                 on_wait()
 
             task = BucketTask(tables, sides, lhs, rhs, rel, weight, 0, n, seed)
-            return run_task(self.setup, task, self._trainer, progress)
+            started = time.perf_counter()
+            stats = run_task(self.setup, task, self._trainer, progress)
+            self.board[0, BUSY] += time.perf_counter() - started
+            self.last_busy = [float(self.board[0, BUSY]) - busy_before[0]]
+            return stats
+        plan: np.ndarray | None = None
+        if self._batches is not None:
+            order, plan = batch_plan(
+                rel, self.setup.batch_size, self.setup.dynamic, np.random.default_rng(seed)
+            )
+            if order is not None:  # put the edges in plan order: batches become slices
+                lhs, rhs, rel = lhs[order], rhs[order], rel[order]
+                weight = None if weight is None else weight[order]
+            self._batches.reset()
         for t in (lhs, rhs, rel, weight):
             if t is not None:
                 t.share_memory_()  # in place: the tasks pickle handles to shared memory
@@ -208,6 +291,7 @@ class HogwildPool:
                     int(bounds[rank + 1]),
                     seed * 1000 + rank,
                     stagger if rank > 0 else 0.0,
+                    plan,
                 )
             )
         total = StepStats()
@@ -225,6 +309,8 @@ class HogwildPool:
             total.add(payload)
             pending.discard(rank)
         on_wait()
+        busy_after = self.board[:, BUSY].tolist()
+        self.last_busy = [a - b for a, b in zip(busy_after, busy_before, strict=True)]
         return total
 
     def _check_alive(self) -> None:

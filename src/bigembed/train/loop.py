@@ -51,7 +51,14 @@ from bigembed.train.observers import (
 )
 from bigembed.train.partitions import PartitionSource, PartitionStore
 from bigembed.train.policy import CheckpointPolicy, LocalCheckpoints, resume
-from bigembed.train.records import BucketRecord, EdgeStats, Position, StepLog, StepRecord
+from bigembed.train.records import (
+    BucketRecord,
+    BucketTiming,
+    EdgeStats,
+    Position,
+    StepLog,
+    StepRecord,
+)
 from bigembed.train.step import StepStats
 
 __all__ = [
@@ -155,7 +162,7 @@ class TrainingLoop:
             cfg.dynamic_relations,
             self.gate,
         )
-        pool = HogwildPool(setup, cfg.resolved_workers())
+        pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
         started = time.perf_counter()
         try:
             for it in iterations(cfg.num_epochs, len(cfg.edge_paths), self.job.num_chunks, start):
@@ -203,6 +210,7 @@ class TrainingLoop:
                 continue  # no edges
             bt = time.perf_counter()
             work, train_edges = self._load_bucket(it, bucket)
+            loaded = time.perf_counter()
             observers.bucket_started(work)
             stats = pool.run(
                 work.tables,
@@ -212,8 +220,10 @@ class TrainingLoop:
                 on_wait=training,
                 stagger=self.cfg.hogwild_delay if it.index == 0 and not records else 0.0,
             )
+            trained = time.perf_counter()
             totals.add(stats)
             record = BucketRecord(_position(it), *bucket, len(records), _edge_stats(stats))
+            record.timing = BucketTiming(loaded - bt, trained - loaded, pool.last_busy)
             observers.bucket_finished(work, record)
             record.seconds = time.perf_counter() - bt
             records.append(record)

@@ -16,7 +16,9 @@ Keys (unchanged since the first release, so older checkpoints still read):
   ``edges_per_sec``, and, with ``eval_fraction > 0``, ``eval_stats_before`` /
   ``eval_stats_after`` (ranking metrics of the withheld edges, each with its ``count``);
 * bucket: ``lhs_partition``, ``rhs_partition``, ``index`` (its place in the step), and in
-  distributed runs ``trainer``;
+  distributed runs ``trainer``; where the balance of work was measured (:class:`BucketTiming`):
+  ``load_seconds`` (waiting for the bucket's partitions and edges), ``train_seconds`` (the
+  Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
 * step: ``io_bytes_read``, ``io_bytes_written``, and in distributed runs ``net_bytes``,
   ``lock_waits``, ``trainers``.
 """
@@ -136,6 +138,32 @@ def _evals(before: Metrics | None, after: Metrics | None) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class BucketTiming:
+    """Where a bucket's time went: the balance figures of ``bench/balance_bench.py``."""
+
+    load_seconds: float  # making its partitions resident and loading its edges
+    train_seconds: float  # the workers' wall time
+    worker_seconds: list[float]  # each worker's busy time (the rest of train_seconds is idle)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "load_seconds": self.load_seconds,
+            "train_seconds": self.train_seconds,
+            "worker_seconds": list(self.worker_seconds),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BucketTiming | None:
+        if "train_seconds" not in data:
+            return None
+        return cls(
+            float(data.get("load_seconds", 0.0)),
+            float(data["train_seconds"]),
+            [float(x) for x in data.get("worker_seconds", [])],
+        )
+
+
 @dataclass
 class BucketRecord:
     """One bucket trained in one step (``"type": "bucket"``)."""
@@ -149,6 +177,7 @@ class BucketRecord:
     eval_before: Metrics | None = None
     eval_after: Metrics | None = None
     trainer: int | None = None  # distributed runs: which trainer trained it
+    timing: BucketTiming | None = None
 
     @property
     def edges_per_sec(self) -> float:
@@ -156,6 +185,8 @@ class BucketRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "bucket", **self.at.to_json()}
+        if self.timing is not None:
+            out.update(self.timing.to_json())
         out.update(lhs_partition=self.lhs_partition, rhs_partition=self.rhs_partition)
         out.update(index=self.index, stats=self.stats.to_json())
         out.update(_timing(self.stats, self.seconds))
@@ -177,6 +208,7 @@ class BucketRecord:
             data.get("eval_stats_before"),
             data.get("eval_stats_after"),
             None if trainer is None else int(trainer),
+            BucketTiming.from_json(data),
         )
 
 

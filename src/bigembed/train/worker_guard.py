@@ -56,14 +56,16 @@ def guard_parent(parent_pid: int, interval: float = POLL_SECONDS) -> None:
     ).start()
 
 
-def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any) -> None:
+def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: Any) -> None:
     """Target of a Hogwild worker process: guard first, then the (heavy) worker loop.
 
     The worker's setup (model, shared tables) arrives as the first message on ``tasks`` rather
     than as a process argument, so that nothing heavy is unpickled before the guard is in place.
+    ``shared``: small synchronisation objects that can only travel as process arguments (the
+    work-stealing counter, a lock).
     """
     guard_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     from bigembed.train.hogwild import worker_main
 
-    worker_main(rank, tasks, results)
+    worker_main(rank, tasks, results, *shared)

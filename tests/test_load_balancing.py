@@ -1,0 +1,373 @@
+"""Load balancing by cost: the cost model, the lock server's grant policies, work stealing.
+
+The grant policies are checked in a simulated pass where a bucket takes as long as its cost
+(no timing of real runs: behaviour, not speed); the Hogwild queue and the CLI with both
+``load_balancing`` values through real worker processes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import multiprocessing as std_mp
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from bigembed.buckets.batching import batch_plan, make_batches
+from bigembed.buckets.cost import CostModel, analytic_per_edge, bucket_costs, signature_of
+from bigembed.config import parse_config_dict
+from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
+from bigembed.train.hogwild import BatchQueue
+from synthetic import graph_config, write_graph
+from test_dist import ENV, check_events, read_events
+
+Bucket = tuple[int, int]
+
+
+def _keys(bucket: Bucket) -> tuple[frozenset, frozenset]:
+    i, j = bucket
+    return frozenset({("node", i)}), frozenset({("node", j)})
+
+
+def _config(**over: Any):
+    data: dict[str, Any] = {
+        "entities": {"node": {"num_partitions": 2}},
+        "relations": [
+            {"name": "lin", "lhs": "node", "rhs": "node", "operator": "linear"},
+            {"name": "diag", "lhs": "node", "rhs": "node", "operator": "diagonal"},
+        ],
+        "entity_path": "e",
+        "edge_paths": ["x"],
+        "checkpoint_path": "c",
+        "dimension": 64,
+    }
+    data.update(over)
+    return parse_config_dict(data)
+
+
+# ---------------------------------------------------------------------- the cost model
+class _FakeEdges:
+    """The part of an EdgeStore the cost model reads: bucket sizes and the rel column."""
+
+    def __init__(self, rels: dict[Bucket, np.ndarray]) -> None:
+        self.rels = rels
+
+    def buckets(self) -> list[Bucket]:
+        return sorted(self.rels)
+
+    def num_edges(self, i: int, j: int) -> int:
+        return len(self.rels[(i, j)])
+
+    def load_range(self, i: int, j: int, start: int, end: int) -> Any:
+        class Chunk:
+            rel = self.rels[(i, j)][start:end]
+
+        return Chunk
+
+
+def test_cost_model_weighs_relations_by_operator() -> None:
+    cfg = _config()
+    lin, diag = signature_of(cfg, 0), signature_of(cfg, 1)
+    assert lin == ("linear", False) and diag == ("diagonal", False)
+    assert analytic_per_edge(cfg, lin) - analytic_per_edge(cfg, diag) == 64 * 64 - 64
+    # (0, 1) has fewer edges but all linear: it costs more than (0, 0)
+    edges = _FakeEdges(
+        {
+            (0, 0): np.ones(1000, np.int32),  # diagonal only
+            (0, 1): np.zeros(800, np.int32),  # linear only
+            (1, 1): np.array([0, 1] * 500, np.int32),  # half and half
+        }
+    )
+    model = CostModel.analytic(cfg)
+    costs = bucket_costs(cfg, edges, 0, 1, model)  # type: ignore[arg-type]
+    assert costs[(0, 1)] > costs[(0, 0)]
+    pl, pd = model.per_edge[lin], model.per_edge[diag]
+    assert costs[(0, 0)] == pytest.approx(1000 * pd)
+    assert costs[(1, 1)] == pytest.approx(500 * pl + 500 * pd)
+    # a chunk costs its share of the bucket
+    halves = bucket_costs(cfg, edges, 1, 2, model)  # type: ignore[arg-type]
+    assert halves[(1, 1)] == pytest.approx(costs[(1, 1)] / 2)
+    # more negatives cost more per edge; all_negs scales with the partition
+    assert analytic_per_edge(_config(num_uniform_negs=500), diag) > pd
+    assert analytic_per_edge(cfg, ("diagonal", True), 100_000) > pd
+
+
+def test_calibration_times_every_signature() -> None:
+    from bigembed.train.cost_calibration import calibrate
+
+    cfg = _config(batch_size=64, num_batch_negs=8, num_uniform_negs=8)
+    model = calibrate(cfg, 2, batches=1)
+    assert model.source == "calibrated"
+    assert set(model.per_edge) == {("linear", False), ("diagonal", False)}
+    assert all(v > 0 for v in model.per_edge.values())
+
+
+# ---------------------------------------------------------------------- grant policies
+def simulate(
+    costs: dict[Bucket, float], trainers: int, policy: str, edges: dict[Bucket, int] | None = None
+) -> float:
+    """One pass where each bucket takes ``costs[b]`` seconds; a trainer told to wait asks again
+    when the next bucket in flight ends. Returns the time the last trainer is done."""
+    weights = edges or {b: int(c) for b, c in costs.items()}
+    plan = PassPlan(0, weights, False, dict(costs))
+    sched = BucketScheduler(_keys, lambda _: plan, policy=policy)
+    events = [(0.0, t, None) for t in range(trainers)]
+    heapq.heapify(events)
+    ends = []
+    while events:
+        now, t, finished = heapq.heappop(events)
+        reply = sched.acquire(t, 0, finished)
+        sched.release(t, 0, [(a, int(p)) for a, p in reply["release"]])
+        if reply["kind"] == "bucket":
+            b = (int(reply["bucket"][0]), int(reply["bucket"][1]))
+            heapq.heappush(events, (now + costs[b], t, b))
+        elif reply["kind"] == "wait":
+            nxt = min(e[0] for e in events if e[2] is not None)
+            heapq.heappush(events, (nxt + 1e-9, t, None))
+        else:
+            ends.append(now)
+    assert sorted(b for b in sched.done) == sorted(costs)
+    return max(ends)
+
+
+def lower_bound(costs: dict[Bucket, float], trainers: int) -> float:
+    """No schedule beats the work per trainer, nor any partition's work (one trainer at a time
+    may use a partition)."""
+    parts = {p for b in costs for p in b}
+    busiest = max(sum(c for b, c in costs.items() if p in b) for p in parts)
+    return max(sum(costs.values()) / trainers, busiest)
+
+
+def skewed(seed: int, nparts: int = 8) -> tuple[dict[Bucket, float], dict[Bucket, int]]:
+    """Power-law partition weights and a relation mix (per-edge cost) varying by bucket."""
+    rng = np.random.default_rng(seed)
+    edges = np.outer(1 + rng.pareto(2.0, nparts), 1 + rng.pareto(2.0, nparts)) * 1000
+    cost = edges * (1 + 3 * rng.random((nparts, nparts)))
+    return (
+        {(i, j): float(cost[i, j]) for i in range(nparts) for j in range(nparts)},
+        {(i, j): int(edges[i, j]) for i in range(nparts) for j in range(nparts)},
+    )
+
+
+def test_cost_policy_balances_the_pass() -> None:
+    """The cost policy ends every simulated pass at the lower bound (2 and 4 trainers, skewed
+    buckets); PBG's, which sees edge counts only, is slower on some, never faster by 1%."""
+    gaps = []
+    for seed in (3, 5, 8, 13):
+        costs, edges = skewed(seed)
+        for trainers in (2, 4):
+            cost = simulate(costs, trainers, "cost")
+            pbg = simulate(costs, trainers, "pbg", edges)
+            assert cost <= lower_bound(costs, trainers) * 1.01, (seed, trainers)
+            assert cost <= pbg * 1.01, (seed, trainers)
+            gaps.append(pbg / cost)
+    assert max(gaps) > 1.05, gaps
+
+
+def test_pbg_policy_reproduces_the_old_grants() -> None:
+    """``pbg`` grants what the lock server granted before the cost policy existed (affinity,
+    then edge count, then (i, j)): the sequence below was recorded from that code."""
+    weights = {(i, j): (7 * i + 3 * j) % 11 + 1 for i in range(4) for j in range(4)}
+    plan = PassPlan(0, weights, False)
+    sched = BucketScheduler(_keys, lambda _: plan)
+    assert sched.policy == "pbg"
+    grants: list[tuple[int, Bucket]] = []
+    finished: dict[int, Bucket | None] = {0: None, 1: None}
+    for _ in range(40):
+        for t in (0, 1):
+            reply = sched.acquire(t, 0, finished[t])
+            sched.release(t, 0, [(a, int(p)) for a, p in reply["release"]])
+            finished[t] = None
+            if reply["kind"] == "bucket":
+                finished[t] = (reply["bucket"][0], reply["bucket"][1])
+                grants.append((t, finished[t]))
+    assert grants == PBG_GRANTS
+
+
+PBG_GRANTS: list[tuple[int, Bucket]] = [
+    *[(0, (1, 1)), (1, (3, 0)), (0, (2, 1)), (1, (0, 3)), (0, (1, 2)), (1, (3, 3))],
+    *[(0, (2, 2)), (1, (1, 3)), (0, (0, 2)), (1, (3, 1)), (0, (2, 0)), (0, (1, 0))],
+    *[(1, (3, 2)), (0, (0, 1)), (1, (2, 3)), (0, (0, 0))],
+]
+
+
+@pytest.mark.parametrize("policy", ["cost", "pbg"])
+def test_policies_keep_the_lock_invariants(tmp_path: Path, policy: str) -> None:
+    """Random interleavings of 3 trainers: each bucket once per pass, no partition held twice
+    (replayed from the event log), under either policy."""
+    import random
+
+    costs, _ = skewed(1, 5)
+    plan = PassPlan(0, {b: int(c) for b, c in costs.items()}, False, costs)
+    log = EventLog(tmp_path / "events.jsonl")
+    sched = BucketScheduler(_keys, lambda it: PassPlan(it, plan.weights, False, costs), log, policy)
+    rng = random.Random(5)
+    for it in range(2):
+        state = {t: [None, set(), False] for t in range(3)}
+        while not all(s[2] for s in state.values()):
+            t = rng.choice([t for t in state if not state[t][2]])
+            s = state[t]
+            reply = sched.acquire(t, it, s[0])
+            s[0] = None
+            if reply["kind"] == "bucket":
+                s[0] = tuple(reply["bucket"])
+                sched.release(t, it, [(a, b) for a, b in reply["release"]])
+                s[1] = set(_keys(s[0])[0] | _keys(s[0])[1])
+            else:
+                sched.release(t, it, sorted(s[1]))
+                s[1] = set()
+                s[2] = reply["kind"] == "done"
+    log.close()
+    granted = check_events(read_events(tmp_path / "events.jsonl"))
+    for it in range(2):
+        assert sorted(granted[it]) == sorted(costs)
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="grant policy"):
+        BucketScheduler(_keys, lambda it: PassPlan(it, {}, False), policy="fastest")
+
+
+# ---------------------------------------------------------------------- work stealing
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_batch_plan_covers_every_edge_once(dynamic: bool) -> None:
+    rng = np.random.default_rng(0)
+    rel = torch.from_numpy(rng.integers(0, 5, 2345))
+    order, plan = batch_plan(rel, 100, dynamic, np.random.default_rng(1))
+    rows = torch.arange(2345)
+    seen = []
+    for begin, end, ridx in plan:
+        sel = rows[begin:end] if order is None else order[begin:end]
+        assert 0 < end - begin <= 100
+        if not dynamic:
+            assert (rel[sel] == ridx).all(), "one relation per batch"
+        seen.append(sel)
+    assert sorted(torch.cat(seen).tolist()) == list(range(2345))
+    # make_batches walks the same plan (PBG's order for one worker is unchanged)
+    walked = list(make_batches(rows, rows, rel, None, 100, dynamic, np.random.default_rng(1)))
+    assert [len(b) for b in walked] == [int(e - b) for b, e, _ in plan]
+
+
+def _take_all(queue: BatchQueue, n: int, out: Any) -> None:
+    got = []
+    while (k := queue.take()) < n:
+        got.append(k)
+    out.put(got)
+
+
+def test_batch_queue_hands_out_each_batch_once() -> None:
+    """Three processes drain one queue: together they take 0..n-1, each exactly once; after a
+    reset the next bucket starts at 0 again."""
+    ctx = std_mp.get_context("fork")
+    queue, out = BatchQueue(ctx), ctx.Queue()
+    for n in (5000, 7):
+        queue.reset()
+        procs = [ctx.Process(target=_take_all, args=(queue, n, out)) for _ in range(3)]
+        for p in procs:
+            p.start()
+        taken = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        flat = [k for part in taken for k in part]
+        assert Counter(flat) == Counter(range(n))
+
+
+# ---------------------------------------------------------------------- through the CLI
+def _train_cli(tmp_path: Path, **over: Any) -> list[dict[str, Any]]:
+    root = tmp_path / "g"
+    if not root.exists():
+        write_graph(root, num_entities=300, num_edges=6000, num_partitions=2, seed=3)
+    cfg = graph_config(root, num_partitions=2)
+    data = json.loads(cfg.model_dump_json())
+    data.update(over)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stats = Path(data["checkpoint_path"]) / "training_stats.json"
+    return [json.loads(line) for line in stats.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("policy", ["cost", "pbg"])
+def test_two_workers_train_every_edge_once_with_pbg_defaults(tmp_path: Path, policy: str) -> None:
+    """PBG's defaults (loss, negatives, batch size, hogwild_delay), 2 workers, both policies:
+    every bucket once per epoch, every training edge counted once, each worker's time recorded."""
+    records = _train_cli(
+        tmp_path,
+        loss_fn="ranking",
+        batch_size=1000,
+        num_batch_negs=50,
+        num_uniform_negs=50,
+        lr=0.01,
+        hogwild_delay=0.3,
+        workers=2,
+        num_epochs=2,
+        load_balancing=policy,
+        checkpoint_path=str(tmp_path / f"model-{policy}"),
+    )
+    buckets = [r for r in records if r["type"] == "bucket"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == 2
+    for step in steps:
+        mine = [b for b in buckets if b["version"] == step["version"]]
+        assert sorted((b["lhs_partition"], b["rhs_partition"]) for b in mine) == [
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+        ]
+        assert sum(b["stats"]["count"] for b in mine) == 6000
+        for b in mine:
+            assert len(b["worker_seconds"]) == 2
+            assert b["load_seconds"] >= 0 and b["train_seconds"] > 0
+    assert all(np.isfinite(s["stats"]["loss"]) for s in steps)
+
+
+@pytest.mark.parametrize("steal", [True, False])
+def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
+    """Worker 1 starts 5 s late (``hogwild_delay``): with work stealing worker 0 trains what it
+    can meanwhile and worker 1 takes only what is left; with even slices each trains half. Either
+    way every edge is trained once."""
+    from bigembed.buckets.negative_settings import negative_settings
+    from bigembed.config import model_spec
+    from bigembed.model.scoring import ScoringModel
+    from bigembed.train.hogwild import HogwildPool, WorkerSetup
+    from bigembed.train.step import Table
+
+    cfg = _config(dimension=8, batch_size=50, num_batch_negs=5, num_uniform_negs=5)
+    model = ScoringModel(model_spec(cfg, 2))
+    model.share_memory()
+    states = [torch.zeros_like(p).share_memory_() for p in model.parameters()]
+    setup = WorkerSetup(model, states, negative_settings(cfg), 0.1, 0.1, 50, False)
+    table = Table(torch.randn(100, 8).share_memory_(), torch.zeros(100).share_memory_())
+    n = 500
+    gen = torch.Generator().manual_seed(0)
+    lhs, rhs = torch.randint(100, (n,), generator=gen), torch.randint(100, (n,), generator=gen)
+    rel = torch.randint(2, (n,), generator=gen)
+    pool = HogwildPool(setup, 2, steal=steal)
+    try:
+        key = ("node", 0)
+        stats = pool.run({key: table}, [(key, key)] * 2, lhs, rhs, rel, None, 7, stagger=5.0)
+        per_worker = pool.board[:, 0].tolist()
+    finally:
+        pool.close()
+    assert stats.count == n and sum(per_worker) == n
+    if steal:
+        assert per_worker[1] < n / 2, per_worker
+    else:
+        assert per_worker == [n / 2, n / 2]
+    assert len(pool.last_busy) == 2
