@@ -42,8 +42,9 @@ def test_row_delta_bounds_and_size() -> None:
 def test_server_refuses_a_change_to_a_partition_it_does_not_hold() -> None:
     server = PartitionServer.__new__(PartitionServer)  # only the request handling
     server.tables = {("node", 1): Table(torch.zeros(4, 8), torch.zeros(4))}
+    server.trainers = 2
     server._lock = threading.Lock()
-    req = {"op": "put", "key": ["node", 0], "client": 1, "seq": 0, "shape": [4, 8]}
+    req = {"op": "put", "key": ["node", 0], "client": 1, "seq": 1, "shape": [4, 8]}
     reply = server._handle({**req, "form": "delta"})
     assert reply == {"ready": False, "reason": reply["reason"]}
     assert "partition 0 of 'node'" in reply["reason"]
