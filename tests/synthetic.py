@@ -114,3 +114,48 @@ def budget_for(capacity: int, table_bytes: int, *, workers: int, edges: int) -> 
 
     fixed = BASE_BYTES + workers * WORKER_BYTES + edges * EDGE_BYTES
     return fixed + capacity * table_bytes + table_bytes // 4
+
+
+def tiny_kg_config_file(
+    root: Path, num_entities: int, num_edges: int, *, valid: bool = False, **overrides: Any
+) -> tuple[Path, Path | None]:
+    """A tiny dynamic-relation graph and its ``config.yaml`` for CLI tests (d = 8, one worker).
+
+    ``valid``: also write ``valid.tsv``, one edge per entity drawn from the planted structure
+    ``tail = head * (rel + 2) mod n`` (edges the training data mostly lacks). Returns the
+    config path and the validation file (None without ``valid``)."""
+    import yaml
+
+    graph = write_graph(root, num_entities=num_entities, num_edges=num_edges)
+    valid_path = None
+    if valid:
+        rng = np.random.default_rng(7)
+        heads = rng.integers(0, num_entities, num_entities)
+        rels = rng.integers(0, 3, num_entities)
+        tails = (heads * (rels + 2)) % num_entities
+        names = graph["names"]
+        valid_path = root / "valid.tsv"
+        valid_path.write_text(
+            "".join(
+                f"{names[h]}\tr{r}\t{names[t]}\n"
+                for h, r, t in zip(heads, rels, tails, strict=True)
+            )
+        )
+    data = {
+        "entities": {"node": {"num_partitions": 1}},
+        "relations": [{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
+        "dynamic_relations": True,
+        "entity_path": str(root / "entities"),
+        "edge_paths": [str(root / "edges")],
+        "checkpoint_path": str(root / "model"),
+        "dimension": 8,
+        "global_emb": False,
+        "batch_size": 100,
+        "num_batch_negs": 10,
+        "num_uniform_negs": 10,
+        "workers": 1,
+        **overrides,
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, valid_path

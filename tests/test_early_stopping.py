@@ -5,46 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from bigembed.cli import main as cli_main
-from synthetic import write_graph
+from synthetic import tiny_kg_config_file
 
 
 def _setup(root: Path, **early: object) -> Path:
-    graph = write_graph(root, num_entities=60, num_edges=900)
-    rng = np.random.default_rng(7)
-    heads = rng.integers(0, 60, 60)
-    rels = rng.integers(0, 3, 60)
-    tails = (heads * (rels + 2)) % 60  # the planted structure, unseen edges
-    names = graph["names"]
-    valid = root / "valid.tsv"
-    valid.write_text(
-        "".join(
-            f"{names[h]}\tr{r}\t{names[t]}\n" for h, r, t in zip(heads, rels, tails, strict=True)
-        )
+    path, valid = tiny_kg_config_file(
+        root, 60, 900, valid=True, num_epochs=10, lr=0.1, eval_fraction=0.0
     )
-    data = {
-        "entities": {"node": {"num_partitions": 1}},
-        "relations": [{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
-        "dynamic_relations": True,
-        "entity_path": str(root / "entities"),
-        "edge_paths": [str(root / "edges")],
-        "checkpoint_path": str(root / "model"),
-        "dimension": 8,
-        "global_emb": False,
-        "num_epochs": 10,
-        "batch_size": 100,
-        "num_batch_negs": 10,
-        "num_uniform_negs": 10,
-        "lr": 0.1,
-        "eval_fraction": 0.0,
-        "workers": 1,
-        "early_stopping": {"valid_path": str(valid), **early},
-    }
-    path = root / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["early_stopping"] = {"valid_path": str(valid), **early}
     path.write_text(yaml.safe_dump(data))
     return path
 

@@ -7,34 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
-from synthetic import write_graph
+from synthetic import tiny_kg_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(root: Path, **overrides: object) -> Path:
-    write_graph(root, num_entities=60, num_edges=600)
-    data = {
-        "entities": {"node": {"num_partitions": 1}},
-        "relations": [{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
-        "dynamic_relations": True,
-        "entity_path": str(root / "entities"),
-        "edge_paths": [str(root / "edges")],
-        "checkpoint_path": str(root / "model"),
-        "dimension": 8,
-        "global_emb": False,
-        "num_epochs": 2,
-        "batch_size": 100,
-        "num_batch_negs": 10,
-        "num_uniform_negs": 10,
-        "eval_fraction": 0.1,
-        "workers": 1,
-        **overrides,
-    }
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path, _ = tiny_kg_config_file(root, 60, 600, num_epochs=2, eval_fraction=0.1, **overrides)
     return path
 
 

@@ -5,57 +5,29 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
 from bigembed.cli import main as cli_main
 from bigembed.config import load_config
-from synthetic import write_graph
+from synthetic import tiny_kg_config_file
 
 optuna = pytest.importorskip("optuna")
 
 
 def _setup(root: Path, **tune: object) -> Path:
-    graph = write_graph(root, num_entities=40, num_edges=400)
-    rng = np.random.default_rng(7)
-    heads = rng.integers(0, 40, 40)
-    rels = rng.integers(0, 3, 40)
-    tails = (heads * (rels + 2)) % 40
-    names = graph["names"]
-    valid = root / "valid.tsv"
-    valid.write_text(
-        "".join(
-            f"{names[h]}\tr{r}\t{names[t]}\n" for h, r, t in zip(heads, rels, tails, strict=True)
-        )
-    )
-    data = {
-        "entities": {"node": {"num_partitions": 1}},
-        "relations": [{"name": "all", "lhs": "node", "rhs": "node", "operator": "diagonal"}],
-        "dynamic_relations": True,
-        "entity_path": str(root / "entities"),
-        "edge_paths": [str(root / "edges")],
-        "checkpoint_path": str(root / "model"),
-        "dimension": 8,
-        "global_emb": False,
-        "num_epochs": 3,
-        "batch_size": 100,
-        "num_batch_negs": 10,
-        "num_uniform_negs": 10,
-        "eval_fraction": 0.0,
-        "workers": 1,
-        "early_stopping": {"valid_path": str(valid), "patience": 2},
-        "tune": {
-            "n_trials": 3,
-            "startup_trials": 1,
-            "params": {
-                "lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
-                "dimension": {"type": "categorical", "choices": [4, 8]},
-            },
-            **tune,
+    path, valid = tiny_kg_config_file(root, 40, 400, valid=True, num_epochs=3, eval_fraction=0.0)
+    data = yaml.safe_load(path.read_text())
+    data["early_stopping"] = {"valid_path": str(valid), "patience": 2}
+    data["tune"] = {
+        "n_trials": 3,
+        "startup_trials": 1,
+        "params": {
+            "lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
+            "dimension": {"type": "categorical", "choices": [4, 8]},
         },
+        **tune,
     }
-    path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
