@@ -50,6 +50,7 @@ from bigembed.config_types import (
     Int,
     LoadBalancing,
     LossName,
+    OneOf,
     OperatorName,
     PartitionPrecisionName,
     PrecisionName,
@@ -64,6 +65,9 @@ from bigembed.errors import ConfigError
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 logger = logging.getLogger(__name__)
+
+#: ``train_type`` values (lower case; matched case-insensitively, ``1vsAll`` as LibKGE writes it).
+TRAIN_TYPES: tuple[str, ...] = ("negative_sampling", "1vsall")
 
 __all__ = [
     "ConfigSchema",
@@ -566,6 +570,13 @@ class ConfigSchema(BaseModel):
         "the whole batch (one large matrix product per side, near the matmul peak); set it to "
         "num_batch_negs for PBG's per-chunk draws.",
     )
+    train_type: Annotated[str, OneOf(TRAIN_TYPES)] = Field(
+        default="negative_sampling",
+        description="bigembed only: negative_sampling (PBG's batch and uniform negatives) or "
+        "1vsAll (LibKGE's name, case-insensitive): each edge's corrupted sides are scored "
+        "against every entity of their type, softmax over all of them (all_negs on every "
+        "relation); needs entity types of one partition.",
+    )
     distributed_timeout: Float = Field(
         default=60.0,
         gt=0,
@@ -683,6 +694,19 @@ def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
             "global_emb: global embeddings are not supported with dynamic_relations: true; "
             "set global_emb: false"
         )
+    if cfg.train_type == "1vsall":
+        for i, rel in enumerate(cfg.relations):
+            for side in ("lhs", "rhs"):
+                etype = getattr(rel, side)
+                parts = cfg.entities[etype].num_partitions
+                if parts > 1:
+                    problems.append(
+                        f"train_type: 1vsAll scores every entity of a type and needs entity "
+                        f"types of one partition, but relations[{i}].{side} type {etype!r} has "
+                        f"num_partitions: {parts}; set it to 1 or use train_type: "
+                        f"negative_sampling"
+                    )
+                    return problems
     if cfg.disable_lhs_negs and cfg.disable_rhs_negs:
         problems.append(
             "disable_rhs_negs: cannot be true together with disable_lhs_negs: true "
@@ -801,7 +825,11 @@ def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
     return ModelSpec(
         relations=tuple(
             RelationSpec(
-                lhs=r.lhs, rhs=r.rhs, operator=r.operator, weight=r.weight, all_negs=r.all_negs
+                lhs=r.lhs,
+                rhs=r.rhs,
+                operator=r.operator,
+                weight=r.weight,
+                all_negs=r.all_negs or cfg.train_type == "1vsall",
             )
             for r in cfg.relations
         ),

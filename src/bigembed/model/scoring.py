@@ -23,6 +23,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.comparators import (
     Comparator,
     CosComparator,
@@ -217,6 +218,21 @@ class ScoringModel(nn.Module):
             negs.num_batch_negs,
         )
 
+    def _all_entities_direction(
+        self,
+        whole: Tensor | None,
+        idx: Tensor,
+        anchors: Tensor,
+        enabled: bool,
+        weight: Tensor | None,
+    ) -> tuple[Tensor, int]:
+        """Loss and violators of corrupting a side with every entity of its partition (the
+        tiled 1-vs-all softmax of :mod:`bigembed.model.all_entities`)."""
+        if not enabled:
+            return anchors.new_zeros(()), 0
+        assert whole is not None  # gather_side gathers the whole partition with all_negs
+        return all_entity_softmax_loss(anchors, whole, idx, weight, self.compute_dtype)
+
     def _reg(
         self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int
     ) -> Tensor:
@@ -249,6 +265,7 @@ class ScoringModel(nn.Module):
         cmp = self.comparator
         all_negs = bool(rspec.all_negs)
         fused = not need_scores and self._fusable(negs, all_negs)
+        fused_all = not need_scores and all_negs and self.fusable_loss
         lhs_x = self._adjust(lhs.pos, rspec.lhs)
         rhs_x = self._adjust(rhs.pos, rspec.rhs)
         batch = lhs_x.shape[0]
@@ -303,10 +320,12 @@ class ScoringModel(nn.Module):
                 lhs_op, rhs_p, lhs_t, rel, chunks
             )
 
-        if fused:
+        if fused or fused_all:
             (loss_l, viol_l), (loss_r, viol_r) = (
-                self._fused_direction(pos, src, uni, anchors, negs, on, weight)
-                for pos, src, uni, _all, _idx, anchors, on in sides
+                self._all_entities_direction(all_, idx, anchors, on, weight)
+                if fused_all
+                else self._fused_direction(pos, src, uni, anchors, negs, on, weight)
+                for pos, src, uni, all_, idx, anchors, on in sides
             )
             loss = (loss_l + loss_r) * float(rspec.weight)
             return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], (viol_l, viol_r))

@@ -9,7 +9,8 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.gather import gather_side
-from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
+from bigembed.model.scoring import BatchScores, NegativeSettings, ScoringModel, SideEmbeddings
+from bigembed.train.all_rows import all_rows_adagrad_update, whole_table_gradient
 from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
 
 
@@ -89,6 +90,10 @@ class BatchTrainer:
             return [(i, g) for i, g in out if g is not None]
 
         with torch.no_grad():
+            if all_negs:  # every row has a gradient: one dense row-Adagrad step per table
+                self._update_all_rows(lhs, rhs, lhs_side, rhs_side)
+                dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+                return self._stats(scores, batch)
             lhs_updates = updates(lhs_side, lhs_uidx)
             rhs_updates = updates(rhs_side, rhs_uidx)
             if lhs.emb is rhs.emb:
@@ -97,13 +102,27 @@ class BatchTrainer:
                 row_adagrad_update(lhs.emb, lhs.state, lhs_updates, self.lr)
                 row_adagrad_update(rhs.emb, rhs.state, rhs_updates, self.lr)
         dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+        return self._stats(scores, batch)
 
+    def _update_all_rows(
+        self, lhs: Table, rhs: Table, lhs_side: SideEmbeddings, rhs_side: SideEmbeddings
+    ) -> None:
+        """The dense update of :mod:`bigembed.train.all_rows` (both sides summed first when
+        they share one table)."""
+        grads = [whole_table_gradient(lhs_side), whole_table_gradient(rhs_side)]
+        if lhs.emb is rhs.emb and grads[0] is not None and grads[1] is not None:
+            grads = [grads[0].add_(grads[1]), None]
+        for table, grad in zip((lhs, rhs), grads, strict=True):
+            if grad is not None:
+                all_rows_adagrad_update(table.emb, table.state, grad, self.lr)
+
+    @staticmethod
+    def _stats(scores: BatchScores, batch: Batch) -> StepStats:
         violators_lhs, violators_rhs = scores.violators()
-        stats = StepStats(
+        return StepStats(
             loss=float(scores.loss.detach()),
             reg=float(scores.reg.detach()),
             violators_lhs=violators_lhs,
             violators_rhs=violators_rhs,
             count=len(batch),
         )
-        return stats
