@@ -25,9 +25,8 @@ from unittest import mock
 import torch
 
 from bigembed.buckets.batching import Batch
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
-from bigembed.model.scoring import SideEmbeddings
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.optimizers import row_adagrad_update
 from bigembed.train.step import BatchTrainer, Table

@@ -143,7 +143,5 @@ def all_entity_softmax_loss(
     Gradients flow to ``anchors`` (B, D) and ``candidates``. Returns the summed (weighted) loss
     and the number of candidates scoring above their row's true candidate.
     """
-    loss, violators = _AllEntitySoftmax.apply(
-        anchors, candidates, targets.long(), weight, dtype
-    )
+    loss, violators = _AllEntitySoftmax.apply(anchors, candidates, targets.long(), weight, dtype)
     return loss, int(violators)
