@@ -202,3 +202,30 @@ def test_recipes_load() -> None:
         one_vs_all = all(r.all_negs for r in model_spec(cfg, 3).relations)
         assert one_vs_all == (cfg.train_type == "1vsall"), name
     assert load_config(examples / "wordnet_like.yaml").train_type == "1vsall"
+
+
+@pytest.mark.parametrize("side", ["lhs", "rhs"])
+def test_reciprocal_eval_scores_head_queries_as_training_does(side: str) -> None:
+    """Dynamic relations are the reciprocal model: training scores a head query (?, r, t)
+    with op_rhs[r](t) (the tail query of r^-1) and a tail query with op_lhs[r](h); the eval
+    direction of the same side gives exactly the training scores against every entity."""
+    from bigembed.eval.directions import direction
+
+    model = _model(True, "dot", "complex_diagonal")
+    rows, n = 12, 7
+    table = torch.randn(rows, 8)
+    lidx, ridx, rel = torch.randint(rows, (n,)), torch.randint(rows, (n,)), torch.randint(5, (n,))
+    negs = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=n)
+    lhs = SideEmbeddings(table[lidx], lidx, None, table)
+    rhs = SideEmbeddings(table[ridx], ridx, None, table)
+    with torch.no_grad():
+        out = model(lhs, rhs, rel, 0, None, negs, need_scores=True)
+        d = direction(model, side, -1)
+        given = table[ridx] if side == "lhs" else table[lidx]
+        scores = d.anchors(given, rel) @ d.candidates(table).t()
+    (block,) = out.lhs_neg if side == "lhs" else out.rhs_neg
+    true = lidx if side == "lhs" else ridx
+    # the training block masks the true entity; every other candidate scores the same
+    mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, true.unsqueeze(1), True)
+    assert torch.allclose(block[~mask], scores[~mask], atol=1e-5)
+    assert torch.allclose(out.lhs_pos if side == "lhs" else out.rhs_pos, scores[mask], atol=1e-5)
