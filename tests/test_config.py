@@ -167,6 +167,7 @@ PBG_DEFAULTS = {
     "compute_dtype": "float32",
     "distributed_timeout": 60.0,
     "uniform_negs_group": None,
+    "train_type": "negative_sampling",
     "early_stopping": None,
     "tune": None,
     "memory_budget": None,

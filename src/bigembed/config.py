@@ -126,6 +126,7 @@ BIGEMBED_ONLY_KEYS = (
     "seed",
     "compute_dtype",
     "uniform_negs_group",
+    "train_type",
     "distributed_timeout",
     "memory_budget",
     "partition_prefetch",
