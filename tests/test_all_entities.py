@@ -229,3 +229,74 @@ def test_reciprocal_eval_scores_head_queries_as_training_does(side: str) -> None
     mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, true.unsqueeze(1), True)
     assert torch.allclose(block[~mask], scores[~mask], atol=1e-5)
     assert torch.allclose(out.lhs_pos if side == "lhs" else out.rhs_pos, scores[mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -> None:
+    """BatchTrainer.step with all_negs (one table for both sides, or one per type): the dense
+    all-rows update leaves the tables and Adagrad states exactly where the sparse row-Adagrad
+    over every row id and the positives would; and repeated steps lower the loss."""
+    from bigembed.buckets.batching import Batch
+    from bigembed.train.optimizers import row_adagrad_update
+    from bigembed.train.step import BatchTrainer, Table
+
+    rhs_type = "e" if shared else "f"
+    spec = ModelSpec(
+        relations=(RelationSpec("e", rhs_type, "diagonal", all_negs=True),),
+        entity_dims={"e": 6, "f": 6},
+        comparator="dot",
+        loss="softmax",
+        global_emb=False,
+    )
+    negs = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)
+    torch.manual_seed(4)
+    emb_l = torch.randn(9, 6) * 0.1
+    emb_r = emb_l if shared else torch.randn(11, 6) * 0.1
+    batch = Batch(
+        torch.randint(9, (8,)),
+        torch.randint(emb_r.shape[0], (8,)),
+        torch.zeros(8, dtype=torch.long),
+        0,
+        None,
+    )
+
+    def trainer() -> BatchTrainer:
+        torch.manual_seed(5)
+        model = ScoringModel(spec)
+        states = [torch.zeros_like(p) for p in model.parameters()]
+        return BatchTrainer(model, states, negs, 0.1, 0.1, torch.Generator().manual_seed(0))
+
+    def tables() -> tuple[Table, Table]:
+        lhs = Table(emb_l.clone(), torch.zeros(9))
+        rhs = lhs if shared else Table(emb_r.clone(), torch.zeros(emb_r.shape[0]))
+        return lhs, rhs
+
+    def sparse(self, lhs, rhs, lhs_side, rhs_side) -> None:  # type: ignore[no-untyped-def]
+        for table, sides in (
+            ((lhs, [lhs_side, rhs_side]),)
+            if shared
+            else (
+                (lhs, [lhs_side]),
+                (rhs, [rhs_side]),
+            )
+        ):
+            ups = [(s.pos_idx, s.pos.grad) for s in sides if s.pos.grad is not None]
+            ups += [
+                (torch.arange(s.all.shape[0]), s.all.grad) for s in sides if s.all.grad is not None
+            ]
+            row_adagrad_update(table.emb, table.state, ups, self.lr)
+
+    lhs, rhs = tables()
+    first = trainer().step(batch, lhs, rhs)
+    ref_l, ref_r = tables()
+    from unittest import mock
+
+    with mock.patch.object(BatchTrainer, "_update_all_rows", sparse):
+        trainer().step(batch, ref_l, ref_r)
+    for got, ref in ((lhs, ref_l), (rhs, ref_r)):
+        assert torch.allclose(got.emb, ref.emb, atol=1e-6)
+        assert torch.allclose(got.state, ref.state, atol=1e-6)
+    assert not torch.equal(lhs.emb, emb_l)  # rows moved
+    t = trainer()
+    losses = [t.step(batch, lhs, rhs).loss for _ in range(30)]
+    assert losses[-1] < 0.7 * first.loss
