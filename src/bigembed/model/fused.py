@@ -43,9 +43,7 @@ def tile_rows(width: int) -> int:
     return max(TILE_ROWS, TILE_SCORES // max(1, width))
 
 
-def _tile_loss(
-    x: Tensor, kind: str, margin: float, num_negs: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def _tile_loss(x: Tensor, kind: str, margin: float, num_negs: int) -> tuple[Tensor, Tensor, Tensor]:
     """Loss terms of a tile ``x = [pos | negatives]`` (rows, 1 + n): (per-row loss,
     d loss / d pos (rows,), d loss / d negatives (rows, n), a fresh tensor). ``num_negs`` is
     the logistic mean's denominator (masked negatives count in it, as in the unfused loss)."""
