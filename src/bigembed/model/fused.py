@@ -22,6 +22,8 @@ products themselves.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -36,6 +38,12 @@ TILE_ROWS = 256
 TILE_SCORES = 256 * 1051
 
 LOSS_KINDS = ("softmax", "ranking", "logistic")
+
+
+@functools.lru_cache(maxsize=8)
+def _batch_mask(batch: int, chunk: int) -> Tensor:
+    """:func:`batch_negative_mask`, built once per shape (every training batch has the same)."""
+    return batch_negative_mask(batch, chunk)
 
 
 def tile_rows(width: int) -> int:
@@ -91,7 +99,7 @@ class _FusedLoss(torch.autograd.Function):
             a_chunks = pad_rows(a, padded).view(-1, k, dim)
             s_chunks = pad_rows(src.to(dtype), padded).view(-1, k, dim)
             batch_scores = torch.bmm(a_chunks, s_chunks.transpose(1, 2)).view(padded, k)[:batch]
-            batch_scores = batch_scores.float().masked_fill_(batch_negative_mask(batch, k), MASKED)
+            batch_scores = batch_scores.float().masked_fill_(_batch_mask(batch, k), MASKED)
         width = 1 + k + num_negs
         rows = tile_rows(width)
         grad_negs_scores = torch.empty((batch, num_negs), dtype=dtype)
