@@ -97,10 +97,11 @@ def test_dynamic_operator_rows_match_standard(name: str) -> None:
 
 def test_cos_prepare_matches_normalize_and_its_gradient() -> None:
     """The cos comparator's fused normalisation: F.normalize's values and gradients, also on a
-    zero row (clamped norm) and a batched (G, N, D) input."""
+    zero row, a row whose norm is clamped to eps, and a batched (G, N, D) input."""
     torch.manual_seed(0)
     x = torch.randn(2, 5, 7, dtype=torch.float64)
     x[0, 3] = 0.0
+    x[1, 2] *= 3e-14 / float(x[1, 2].norm())  # below eps = 1e-12: divided by eps, not its norm
     upstream = torch.randn_like(x)
     grads = []
     for fn in (make_comparator("cos").prepare, lambda t: torch.nn.functional.normalize(t, dim=-1)):
