@@ -78,8 +78,8 @@ def pbg_python(venv: Path) -> Path | None:
 
 def skip_line(venv: Path) -> str:
     return (
-        f"PBG: skipped (no PBG 1.0 venv at {venv}; create it with "
-        f"/work/shared/tools/setup_pbg.sh {venv})"
+        f"PBG: skipped (no PBG 1.0 venv at {venv}; docs/training.md says how to create one, "
+        "or pass --pbg-venv DIR)"
     )
 
 
