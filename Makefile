@@ -21,8 +21,11 @@ demo: $(STAMP)
 	$(VENV)/bin/bigembed demo
 
 # The test command CI runs (.ci/run): lint, format and type checks first, then the suite.
+# Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes
+# they start (ranks, servers, deadlines), so two overlap well even on 2 cores.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

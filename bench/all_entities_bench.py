@@ -130,7 +130,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 peaks.append(mm_peak(tdtype))
                 for tiled in paths:
-                    trainer.model.fusable_loss = tiled  # False: the score-block path
+                    trainer.model.all_entities_kernel = tiled  # False: the score-block path
                     before = mock.patch.object(BatchTrainer, "_update_all_rows", sparse_update)
                     with contextlib.nullcontext() if tiled else before:
                         secs = time_steps(

@@ -4,8 +4,10 @@ Builds the model of examples/fb15k237.yaml (ComplEx d=400, 237 dynamic relations
 uniform + 50 batch negatives, batch 1000) over a 14,541-row table and times
 ``BatchTrainer.step`` on random batches: fp32 and bf16, each with the fused tiled softmax loss
 (what training uses) and with the unfused score-block path (the previous implementation), in
-the same run, interleaved, best of ``--rounds``. Prints ms/step, edges/s per thread and the
-fused/unfused ratio.
+the same run, interleaved, best of ``--rounds``. Prints ms/step, edges/s per thread, the
+fused/unfused ratio and the products' FLOP rate against torch.mm's one-thread peak in the same
+dtype, measured in the same run (bench/peaks.py). Where bf16 is emulated (no AVX512_BF16/AMX) a
+bf16 step takes seconds: use ``--rounds 1 --steps 2`` there.
 
     python bench/step_bench.py
     python bench/step_bench.py --rounds 10 --steps 30
@@ -20,6 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from peaks import mm_peak, peaks_line
 
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.negative_settings import negative_settings
@@ -60,6 +63,7 @@ def main() -> int:
     table = Table(torch.randn(ENTITIES, 400) * 1e-3, torch.zeros(ENTITIES))
     variants = [(d, f) for d in ("float32", "bfloat16") for f in (False, True)]
     trainers = {d: make_trainer(d) for d in ("float32", "bfloat16")}
+    peak = {"float32": mm_peak(torch.float32), "bfloat16": mm_peak(torch.bfloat16)}
     best = dict.fromkeys(variants, float("inf"))
     for _ in range(args.rounds):
         for dtype, fused in variants:
@@ -77,13 +81,19 @@ def main() -> int:
         f"\nBatchTrainer.step, FB15k-237 example model, batch 1000, 1 thread, best of "
         f"{args.rounds} x {args.steps} steps"
     )
-    print("| dtype | loss path | ms/step | edges/s per thread | fused / unfused |")
-    print("|---|---|---|---|---|")
+    print(peaks_line(peak["float32"], peak["bfloat16"]))
+    # 6 products of 1000 x 1050 x 400 per side pair: 2 sides x 3 (forward + 2 backward).
+    flop = 6.0 * 400 * 1050 * 2 * 1000
+    print("| dtype | loss path | ms/step | edges/s per thread | fused / unfused | of mm peak |")
+    print("|---|---|---|---|---|---|")
     for dtype, fused in variants:
         s = best[(dtype, fused)]
         ratio = f"{best[(dtype, False)] / s:.2f}x" if fused else ""
         name = "fused tiles" if fused else "unfused blocks"
-        print(f"| {dtype} | {name} | {s * 1e3:.1f} | {1 / s * 1000:,.0f} | {ratio} |")
+        of_peak = flop / s / 1e9 / peak[dtype][0]
+        print(
+            f"| {dtype} | {name} | {s * 1e3:.1f} | {1 / s * 1000:,.0f} | {ratio} | {of_peak:.0%} |"
+        )
     return 0
 
 

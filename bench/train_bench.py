@@ -1,12 +1,18 @@
 """Training speed on FB15k-237 with PBG's FB15k example config (examples/fb15k237.yaml).
 
 Imports the bundled dataset (once), trains in a subprocess exactly as `bigembed train` does, and
-prints one table: seconds per epoch, edges/s, peak RSS, the FLOP rate the training achieved and
-torch.mm's fp32 / bf16 peaks measured in the same run, and the filtered test MRR.
+prints one table: seconds per epoch and edges/s in steady state (epochs 2+; epoch 1 when it is
+the only one), wall time, peak RSS, the FLOP rate the training achieved and torch.mm's fp32 /
+bf16 peaks measured in the same run (bounded in time, see bench/peaks.py), and the filtered
+test MRR. When PBG 1.0's venv exists (``--pbg-venv``, default ``.peer/pbg-venv``, made by
+``/work/shared/tools/setup_pbg.sh .peer/pbg-venv``), PBG trains the same config on the same
+imported edges in the same run (bench/pbg_peer.py) and the table gets its row and the ratio;
+its checkpoint is converted with ``bigembed`` and ranked by the same filtered evaluation.
 
     python bench/train_bench.py --epochs 1                 # fp32
     python bench/train_bench.py --epochs 5 --dtype both    # fp32 and bf16, with quality
     python bench/train_bench.py --config bench/fb15k237_pbg_defaults.yaml  # PBG defaults
+    python bench/train_bench.py --epochs 3 --no-pbg        # bigembed only
 """
 
 from __future__ import annotations
@@ -16,31 +22,26 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+import pbg_peer
 import torch
+from peaks import mm_peak, peaks_line
+from side_by_side import (
+    Row,
+    bigembed_epochs,
+    flop_per_edge,
+    pbg_to_bigembed,
+    print_table,
+    run_pbg,
+    steady,
+)
+from side_by_side import train as train_bigembed
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "fb15k237.yaml"
 DATA = ROOT / "src" / "bigembed" / "datasets" / "fb15k237"
-
-
-def mm_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
-
-
-def flop_per_edge(cfg) -> float:
-    """Matmul FLOPs of one edge: forward + 2 backward products, per corrupted side."""
-    negs = cfg.num_batch_negs + cfg.num_uniform_negs
-    sides = 2 - int(cfg.disable_lhs_negs) - int(cfg.disable_rhs_negs)
-    return 6.0 * cfg.dimension * negs * sides
 
 
 def run(cmd: list[str]) -> None:
@@ -62,6 +63,13 @@ def main() -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="float32")
     parser.add_argument("--workdir", default="/tmp/bigembed_bench")
     parser.add_argument("--no-eval", action="store_true", help="skip the filtered test MRR")
+    parser.add_argument(
+        "--pbg-venv",
+        type=Path,
+        default=pbg_peer.DEFAULT_VENV,
+        help="PBG 1.0's venv (default .peer/pbg-venv); skipped with a line when absent",
+    )
+    parser.add_argument("--no-pbg", action="store_true", help="do not run PBG")
     args = parser.parse_args()
 
     from bigembed.config import load_config
@@ -69,7 +77,7 @@ def main() -> int:
     work = Path(args.workdir)
     ents = work / "entities"
     paths = [work / s for s in ("train", "valid", "test")]
-    common = ["-p", f"entity_path={ents}", "-p", f"workers={args.workers}"]
+    common = [f"entity_path={ents}", f"workers={args.workers}"]
     if not (ents / "manifest.json").exists():
         run(
             [
@@ -78,7 +86,7 @@ def main() -> int:
                 "bigembed.cli",
                 "import",
                 str(args.config),
-                *common,
+                *(x for o in common for x in ("-p", o)),
                 "-p",
                 "edge_paths=" + ",".join(map(str, paths)),
                 *(str(DATA / f"{s}.txt.gz") for s in ("train", "valid", "test")),
@@ -88,88 +96,51 @@ def main() -> int:
         )
 
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
-    rows = []
+    peak = {"float32": peak32, "bfloat16": peak16}
+    rss_mb = 0.0
+    rows: list[Row] = []
     for dtype in ["float32", "bfloat16"] if args.dtype == "both" else [args.dtype]:
         ckpt = work / f"model_{dtype}_{args.epochs}ep"
         overrides = [
             *common,
-            "-p",
             f"edge_paths={paths[0]}",
-            "-p",
             f"checkpoint_path={ckpt}",
-            "-p",
             f"num_epochs={args.epochs}",
-            "-p",
             f"compute_dtype={dtype}",
         ]
-        cfg = load_config(args.config, overrides=[o for o in overrides if o != "-p"])
-        subprocess.run(["rm", "-rf", str(ckpt)], check=True)
-        t0 = time.perf_counter()
-        run(
-            [
-                sys.executable,
-                "-m",
-                "bigembed.cli",
-                "train",
-                str(args.config),
-                *overrides,
-                "--no-progress",
-            ]
-        )
-        wall = time.perf_counter() - t0
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        from bigembed.checkpoints.store import CheckpointStore
-        from bigembed.train.records import read_training_log
-
-        steps = read_training_log(CheckpointStore(ckpt)).steps
-        edges = sum(s.stats.count for s in steps)
-        train_s = sum(s.seconds for s in steps)
-        eps = edges / train_s
+        cfg = load_config(args.config, overrides=overrides)
+        wall = train_bigembed(args.config, overrides, ckpt)
+        rss_mb = max(rss_mb, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+        s_epoch, eps = steady(*bigembed_epochs(ckpt))
         gflops = eps * flop_per_edge(cfg) / 1e9
-        mrr = hits10 = float("nan")
+        row = Row(dtype, args.epochs, s_epoch, wall, eps, gflops, gflops / peak[dtype][0])
         if not args.no_eval:
-            mrr, hits10 = filtered_test(ckpt, paths)
-        rows.append(
-            (
-                dtype,
-                args.epochs,
-                train_s / args.epochs,
-                wall,
-                eps,
-                gflops,
-                gflops / (peak16 if dtype == "bfloat16" else peak32),
-                rss_mb,
-                mrr,
-                hits10,
-            )
-        )
+            row.mrr, row.hits10 = filtered_test(ckpt, paths)
+        rows.append(row)
 
-    print()
-    print(
+    pbg_eps: dict[str, float] = {}
+    if not args.no_pbg:
+        cfg = load_config(args.config, overrides=[*common, f"num_epochs={args.epochs}"])
+        done = run_pbg(args.pbg_venv, cfg, ents, paths[0], work / "pbg")
+        if done is not None:
+            pbg, pbg_ckpt, pbg_ents = done
+            s_epoch, eps = steady(pbg.epoch_seconds, pbg.epoch_edges)
+            pbg_eps = {r.mode: eps for r in rows} | {"PBG 1.0 fp32": eps}
+            gflops = eps * flop_per_edge(cfg) / 1e9
+            of_peak = gflops / peak32[0]
+            row = Row("PBG 1.0 fp32", args.epochs, s_epoch, pbg.wall, eps, gflops, of_peak)
+            if not args.no_eval:
+                converted = pbg_to_bigembed(pbg_ckpt, pbg_ents, work / "pbg")
+                row.mrr, row.hits10 = filtered_test(converted, paths)
+            rows.append(row)
+
+    title = [
         f"FB15k-237, {args.config.name}: d={cfg.dimension}, {cfg.num_uniform_negs} uniform + "
         f"{cfg.num_batch_negs} batch negatives, workers={args.workers}, {os.cpu_count()} cores; "
-        f"{flop_per_edge(cfg) / 1e6:.2f} MFLOP/edge"
-    )
-    print(f"torch.mm peak in this run: fp32 {peak32:.0f} GFLOP/s, bf16 {peak16:.0f} GFLOP/s")
-    head = (
-        "mode",
-        "epochs",
-        "s/epoch",
-        "wall s",
-        "edges/s",
-        "GFLOP/s",
-        "of mm peak",
-        "peak RSS MB",
-        "filtered MRR",
-        "Hits@10",
-    )
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for r in rows:
-        print(
-            f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:,.0f} | {r[5]:.0f} | "
-            f"{r[6]:.0%} | {r[7]:.0f} | {r[8]:.4f} | {r[9]:.4f} |"
-        )
+        f"{flop_per_edge(cfg) / 1e6:.2f} MFLOP/edge; bigembed peak RSS {rss_mb:.0f} MB",
+        peaks_line(peak32, peak16),
+    ]
+    print_table(title, rows, pbg_eps)
     return 0
 
 

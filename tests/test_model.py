@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -94,6 +95,24 @@ def test_dynamic_operator_rows_match_standard(name: str) -> None:
         assert torch.allclose(out[k], std(x[k : k + 1])[0], atol=1e-6)
 
 
+def test_cos_prepare_matches_normalize_and_its_gradient() -> None:
+    """The cos comparator's fused normalisation: F.normalize's values and gradients, also on a
+    zero row, a row whose norm is clamped to eps, and a batched (G, N, D) input."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 7, dtype=torch.float64)
+    x[0, 3] = 0.0
+    x[1, 2] *= 3e-14 / float(x[1, 2].norm())  # below eps = 1e-12: divided by eps, not its norm
+    upstream = torch.randn_like(x)
+    grads = []
+    for fn in (make_comparator("cos").prepare, lambda t: torch.nn.functional.normalize(t, dim=-1)):
+        leaf = x.clone().requires_grad_()
+        y = fn(leaf)
+        (y * upstream).sum().backward()
+        grads.append((y.detach(), leaf.grad))
+    (y_got, g_got), (y_ref, g_ref) = grads
+    assert torch.allclose(y_got, y_ref) and torch.allclose(g_got, g_ref)
+
+
 def test_comparators_on_fixed_tensors() -> None:
     a = torch.tensor([[[1.0, 0.0, 2.0]]])  # (1, 1, 3)
     b = torch.tensor([[[1.0, 1.0, 0.0], [0.0, 0.0, -1.0]]])  # (1, 2, 3)
@@ -140,6 +159,14 @@ def test_shared_negatives_groups() -> None:
 # --------------------------------------------------------------------------- fused training loss
 
 
+UNFUSED_LOSSES = {
+    "softmax": softmax_loss,
+    "ranking": lambda pos, blocks, weight: ranking_loss(pos, blocks, weight, 0.3),
+    "logistic": logistic_loss,
+}
+
+
+@pytest.mark.parametrize("kind", list(UNFUSED_LOSSES))
 @pytest.mark.parametrize(
     ("batch", "group", "chunk", "weighted", "num_negs"),
     [
@@ -150,11 +177,12 @@ def test_shared_negatives_groups() -> None:
         (600, 600, 0, False, 40),  # no batch negatives
     ],
 )
-def test_fused_softmax_matches_unfused(
-    batch: int, group: int, chunk: int, weighted: bool, num_negs: int
+def test_fused_loss_matches_unfused(
+    kind: str, batch: int, group: int, chunk: int, weighted: bool, num_negs: int
 ) -> None:
     """The tiled kernel gives the unfused loss, gradients and violator count."""
-    from bigembed.model.fused import fused_softmax_loss
+    from bigembed.model import fused as fused_module
+    from bigembed.model.fused import fused_sampled_loss
 
     torch.manual_seed(batch)
     cmp = make_comparator("dot")
@@ -170,14 +198,24 @@ def test_fused_softmax_matches_unfused(
         for t in leaves:
             t.grad = None
         if fused:
-            loss, violators = fused_softmax_loss(
-                pos, anchors, negs, group, weight, torch.float32, src if chunk else None, chunk
-            )
+            with mock.patch.object(fused_module, "TILE_SCORES", 2000):  # several tiles per group
+                loss, violators = fused_sampled_loss(
+                    pos,
+                    anchors,
+                    negs,
+                    group,
+                    weight,
+                    torch.float32,
+                    src if chunk else None,
+                    chunk,
+                    kind,
+                    0.3,
+                )
         else:
             blocks = [shared_negative_scores(cmp, anchors, negs, group, torch.float32)]
             if chunk:
                 blocks.insert(0, batch_negative_scores(cmp, anchors, src, chunk, torch.float32))
-            loss = softmax_loss(pos, blocks, weight)
+            loss = UNFUSED_LOSSES[kind](pos, blocks, weight)
             violators = sum(int((b > pos.detach().unsqueeze(1)).sum()) for b in blocks)
         (3.0 * loss).backward()  # a non-unit upstream gradient
         grads = [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in leaves]
@@ -191,16 +229,19 @@ def test_fused_softmax_matches_unfused(
 
 
 @pytest.mark.parametrize(
-    ("comparator", "dynamic", "operator"),
+    ("comparator", "dynamic", "operator", "loss"),
     [
-        ("dot", True, "complex_diagonal"),
-        ("cos", True, "diagonal"),
-        ("dot", False, "translation"),
-        ("cos", False, "diagonal"),
+        ("dot", True, "complex_diagonal", "softmax"),
+        ("cos", True, "diagonal", "softmax"),
+        ("dot", False, "translation", "softmax"),
+        ("cos", False, "diagonal", "softmax"),
+        ("cos", False, "none", "ranking"),
+        ("dot", True, "complex_diagonal", "ranking"),
+        ("cos", False, "diagonal", "logistic"),
     ],
 )
 def test_training_uses_fused_loss_with_same_value(
-    comparator: str, dynamic: bool, operator: str
+    comparator: str, dynamic: bool, operator: str, loss: str
 ) -> None:
     """need_scores=False (training) and the score-block path agree on loss, gradients and
     violators, in both relation modes (standard mode sends rhs negatives through the operator)."""
@@ -210,7 +251,7 @@ def test_training_uses_fused_loss_with_same_value(
         relations=(RelationSpec("e", "e", operator),),
         entity_dims={"e": 8},
         comparator=comparator,
-        loss="softmax",
+        loss=loss,
         regularization_coef=0.01,
         global_emb=False,
         dynamic_relations=dynamic,

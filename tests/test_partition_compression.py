@@ -68,6 +68,10 @@ def _launch(tmp_path: Path, precision: str) -> tuple[float, int, CheckpointStore
             "num_partition_servers=1",
             "-p",
             f"communication.partition_precision={precision}",
+            # net_bytes also counts the shared parameters' rounds; async_ps runs as many as time
+            # allows (more on a loaded machine), allreduce a fixed number: the same in both runs.
+            "-p",
+            "communication.strategy=allreduce",
         ]
     )
     assert out.returncode == 0, out.stdout + out.stderr

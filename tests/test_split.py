@@ -153,3 +153,34 @@ def test_split_refuses_bad_input_and_unsafe_outputs(tmp_path, edges_csv, capsys)
     code, _, err = _split(capsys, str(edges_csv), "-o", str(tmp_path / "s"), "--header")
     assert code == 2 and "--force" in err
     assert _split(capsys, str(edges_csv), "-o", str(tmp_path / "s"), "--header", "--force")[0] == 0
+
+
+def test_split_keeps_a_quoted_csv_field_with_line_breaks_in_one_record(tmp_path, capsys) -> None:
+    """A CSV record whose quoted field spans lines goes whole to one part; an unclosed quote is
+    named."""
+    records = [f'e{i},r,e{i + 1},"note {i}\nsecond ""line"" {i}"\n' for i in range(60)]
+    path = tmp_path / "notes.csv"
+    path.write_text("head,rel,tail,note\n" + "".join(records), encoding="utf-8")
+    code, _, err = _split(
+        capsys,
+        str(path),
+        "-o",
+        str(tmp_path / "q"),
+        "--header",
+        "--rel-col",
+        "rel",
+        "--by-relation",
+        "--valid",
+        "0.2",
+        "--test",
+        "0.2",
+    )
+    assert code == 0, err
+    texts = {p: (tmp_path / "q" / f"{p}.csv").read_text(encoding="utf-8") for p in PARTS}
+    got = Counter(r for p in PARTS for r in texts[p].split("\n", 1)[1].split("\n") if r)
+    assert got == Counter(line for r in records for line in r.split("\n") if line)
+    assert [texts[p].count("\nsecond") for p in PARTS] == [36, 12, 12]  # whole records
+    path.write_text('head,rel,tail,note\na,r,b,"never closed\nc,r,d,x\n', encoding="utf-8")
+    code, _, err = _split(capsys, str(path), "-o", str(tmp_path / "u"), "--header")
+    assert code == 2 and f"{path}:2: a quoted field is never closed" in err
+    assert not (tmp_path / "u").exists()

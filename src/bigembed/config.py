@@ -147,6 +147,7 @@ BIGEMBED_ONLY_KEYS = (
     "tune",
     "tune.n_trials",
     "tune.params",
+    *(f"tune.params.KEY.{f}" for f in ("type", "low", "high", "log", "step", "choices")),
     "tune.sampler",
     "tune.pruner",
     "tune.startup_trials",
@@ -309,12 +310,22 @@ class TuneParamSchema(BaseModel):
 
     model_config = _MODEL_CONFIG
 
-    type: TuneParamType = Field(description="float, int or categorical.")
-    low: float | None = Field(default=None, description="float/int: the least value.")
-    high: float | None = Field(default=None, description="float/int: the greatest value.")
-    log: Bool = Field(default=False, description="float/int: sample on a log scale.")
-    step: float | None = Field(default=None, description="float/int: grid step (optional).")
-    choices: list[Any] | None = Field(default=None, description="categorical: the values.")
+    type: TuneParamType = Field(
+        description="bigembed only: the distribution of config key KEY: float, int or categorical."
+    )
+    low: float | None = Field(
+        default=None, description="bigembed only: float/int: the least value."
+    )
+    high: float | None = Field(
+        default=None, description="bigembed only: float/int: the greatest value."
+    )
+    log: Bool = Field(default=False, description="bigembed only: float/int: sample on a log scale.")
+    step: float | None = Field(
+        default=None, description="bigembed only: float/int: grid step (optional)."
+    )
+    choices: list[Any] | None = Field(
+        default=None, description="bigembed only: categorical: the values."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> TuneParamSchema:
@@ -920,6 +931,7 @@ def config_keys() -> list[tuple[str, str, str, str]]:
             ("communication.", CommunicationSchema),
             ("early_stopping.", EarlyStoppingSchema),
             ("tune.", TuneSchema),
+            ("tune.params.KEY.", TuneParamSchema),
         ]
     )
 

@@ -109,7 +109,7 @@ class _Interner(dict[str, int]):
 def _split_line(line: str, delimiter: str, quoted: bool) -> list[str]:
     text = line.rstrip("\r\n")
     if quoted and '"' in text:
-        return next(csv.reader([text], delimiter=delimiter))
+        return next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter))
     return text.split(delimiter)
 
 
@@ -147,14 +147,30 @@ class _TextSource:
         return io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
     def lines(self) -> Iterator[tuple[int, str]]:
-        """(line number, line) of the data lines (header and blank lines skipped)."""
+        """(first line number, text) of the data records (header and blank lines skipped).
+
+        In CSV a quoted field may hold line breaks: a record then spans several lines and is
+        yielded whole, so that it is copied verbatim to one part.
+        """
         with self.open() as f:
             try:
+                pending, start = "", 0
                 for number, line in enumerate(f, start=1):
                     if number == 1 and self.has_header:
                         continue
-                    if line.strip():
-                        yield number, line
+                    if pending:
+                        pending += line
+                    elif line.strip():
+                        pending, start = line, number
+                    else:
+                        continue
+                    # RFC 4180: quotes open and close fields or come doubled inside them, so a
+                    # record is complete when its quote count is even.
+                    if not self.quoted or pending.count('"') % 2 == 0:
+                        yield start, pending
+                        pending = ""
+                if pending:
+                    raise InputError(f"{self.path}:{start}: a quoted field is never closed")
             except UnicodeDecodeError:
                 raise InputError(f"{self.path}: not UTF-8 text") from None
 

@@ -34,9 +34,36 @@ class DotComparator(Comparator):
         return torch.bmm(anchors, negs.transpose(1, 2))
 
 
+class _Normalize(torch.autograd.Function):
+    """``F.normalize(x, dim=-1, eps=1e-12)`` with a two-pass backward.
+
+    Autograd's backward of ``x / norm(x).clamp_min(eps)`` walks the rows about eight times
+    (div, its two gradients, the norm's gradient, the expand's sum, ...); on small-dimension
+    graphs that is a tenth of a training step. Here: ``(g - y (g . y)) / |x|`` (the rows whose
+    norm is clamped to ``eps`` are divided by a constant: ``g / eps``).
+    """
+
+    EPS = 1e-12
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        inv = norm.clamp_min_(_Normalize.EPS).reciprocal_()
+        y = x * inv
+        ctx.save_for_backward(y, inv)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        y, inv = ctx.saved_tensors
+        proj = (g * y).sum(-1, keepdim=True)
+        proj.masked_fill_(inv >= 1 / _Normalize.EPS, 0.0)  # clamped rows: x / eps is linear
+        return (g - y * proj).mul_(inv)
+
+
 class CosComparator(DotComparator):
     def prepare(self, x: Tensor) -> Tensor:
-        return torch.nn.functional.normalize(x, p=2.0, dim=-1, eps=1e-12)
+        return _Normalize.apply(x)
 
 
 class SquaredL2Comparator(Comparator):

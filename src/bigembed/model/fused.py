@@ -1,4 +1,4 @@
-"""Fused softmax loss against shared negatives, computed tile by tile in cache.
+"""Fused sampled-negative losses (softmax, ranking, logistic), computed tile by tile in cache.
 
 The unfused path materialises the ``(B, N)`` score matrix of a batch against its uniform
 negatives and then walks it about ten times (dtype conversion, max, subtract, exp, sum, divide,
@@ -6,15 +6,23 @@ gradient scaling, conversion back, violator count). At B = N = 1000 that matrix 
 than a core's L2 cache, so every walk goes to memory; on a 2-core machine those walks cost more
 than the matrix products themselves in bf16.
 
-Here the scores of ``TILE_ROWS`` anchors at a time are produced, turned into softmax
-probabilities with one fused kernel while they are still in cache, and only the gradient of the
+Here the scores of ``TILE_ROWS`` anchors at a time (more when rows are narrow) are produced,
+turned into the loss's gradient (softmax probabilities, ranking indicators) while they are
+still in cache, and only the gradient of the
 scores leaves the loop, stored once in the compute dtype: exactly the operand the two backward
 matrix products read. Violators (negatives scoring above their positive) are counted in the
-same pass. The math is the unfused :func:`bigembed.model.losses.softmax_loss` applied to
+same pass. The math is the unfused loss of :mod:`bigembed.model.losses` applied to
 ``[pos | batch negatives | anchors x shared negatives]``; tests check the two agree.
+
+Ranking and logistic losses take the same path: their per-score gradient is as cheap as their
+loss (an indicator, a sigmoid), and on small-dimension graphs (d=100, 50 + 50 negatives) the
+unfused path's score blocks, masks, autograd nodes and violator counts cost several times the
+products themselves.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -24,9 +32,46 @@ from bigembed.model.negatives import MASKED, batch_negative_mask, pad_rows
 # Rows of a tile: 256 keeps the bf16 product at the matmul peak (414 GFLOP/s on one core, 381 at
 # 128); whole steps measured within 1% of each other from 128 to 512 rows.
 TILE_ROWS = 256
+# A tile holds at most this many scores (256 x 1051, 1 MB of fp32: the width of 1000 uniform +
+# 50 batch negatives): narrower rows (few negatives) take more rows per tile, so a batch with
+# 100 negatives is one tile instead of four loop turns of Python overhead.
+TILE_SCORES = 256 * 1051
+
+LOSS_KINDS = ("softmax", "ranking", "logistic")
 
 
-class _FusedSoftmax(torch.autograd.Function):
+@functools.lru_cache(maxsize=8)
+def _batch_mask(batch: int, chunk: int) -> Tensor:
+    """:func:`batch_negative_mask`, built once per shape (every training batch has the same)."""
+    return batch_negative_mask(batch, chunk)
+
+
+def tile_rows(width: int) -> int:
+    """Rows per tile for score rows of ``width`` columns."""
+    return max(TILE_ROWS, TILE_SCORES // max(1, width))
+
+
+def _tile_loss(x: Tensor, kind: str, margin: float, num_negs: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Loss terms of a tile ``x = [pos | negatives]`` (rows, 1 + n): (per-row loss,
+    d loss / d pos (rows,), d loss / d negatives (rows, n), a fresh tensor). ``num_negs`` is
+    the logistic mean's denominator (masked negatives count in it, as in the unfused loss)."""
+    if kind == "softmax":
+        p = torch.softmax(x, dim=1)
+        p0 = p[:, 0]
+        return p0.clamp_min(1e-38).log().neg_(), p0 - 1.0, p[:, 1:]
+    if kind == "ranking":
+        d = x[:, 1:] - (x[:, :1] - margin)
+        g = (d > 0).to(x.dtype)
+        return d.clamp_min_(0).sum(1), g.sum(1).neg_(), g
+    # logistic: softplus(-pos) + mean softplus(neg)
+    neg = x[:, 1:]
+    loss = torch.nn.functional.softplus(-x[:, 0]) + torch.nn.functional.softplus(neg).sum(1).div_(
+        num_negs
+    )
+    return loss, torch.sigmoid(x[:, 0]).sub_(1.0), torch.sigmoid(neg).div_(num_negs)
+
+
+class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx,
@@ -38,6 +83,8 @@ class _FusedSoftmax(torch.autograd.Function):
         group_size: int,
         chunk: int,
         dtype: torch.dtype,
+        kind: str,
+        margin: float,
     ) -> tuple[Tensor, Tensor]:
         batch, dim = anchors.shape
         groups, num_negs, _ = negs.shape
@@ -52,17 +99,19 @@ class _FusedSoftmax(torch.autograd.Function):
             a_chunks = pad_rows(a, padded).view(-1, k, dim)
             s_chunks = pad_rows(src.to(dtype), padded).view(-1, k, dim)
             batch_scores = torch.bmm(a_chunks, s_chunks.transpose(1, 2)).view(padded, k)[:batch]
-            batch_scores = batch_scores.float().masked_fill_(batch_negative_mask(batch, k), MASKED)
+            batch_scores = batch_scores.float().masked_fill_(_batch_mask(batch, k), MASKED)
         width = 1 + k + num_negs
+        rows = tile_rows(width)
         grad_negs_scores = torch.empty((batch, num_negs), dtype=dtype)
         grad_batch_scores = torch.empty((batch, k), dtype=torch.float32)
-        p_pos = torch.empty(batch, dtype=torch.float32)
+        grad_pos = torch.empty(batch, dtype=torch.float32)
+        per_positive = torch.empty(batch, dtype=torch.float32)
         violators = torch.zeros((), dtype=torch.float64)
-        tile = torch.empty((TILE_ROWS, width), dtype=torch.float32)
+        tile = torch.empty((min(rows, batch), width), dtype=torch.float32)
         for g in range(groups):
             g_end = min((g + 1) * group_size, batch)
-            for r0 in range(g * group_size, g_end, TILE_ROWS):
-                r1 = min(r0 + TILE_ROWS, g_end)
+            for r0 in range(g * group_size, g_end, rows):
+                r1 = min(r0 + rows, g_end)
                 x = tile[: r1 - r0]
                 x[:, 0] = pos[r0:r1]
                 if batch_scores is not None:
@@ -71,17 +120,16 @@ class _FusedSoftmax(torch.autograd.Function):
                 # #(negatives > positive): sign(max(0, x - pos)) summed; the positive's own
                 # column adds 0. Twice as fast as count_nonzero(x > pos) (bool output is slow).
                 violators += torch.sub(x, x[:, :1]).clamp_(min=0).sign_().sum()
-                p = torch.softmax(x, dim=1)
-                p_pos[r0:r1] = p[:, 0]
+                loss_rows, g_pos, g_negs = _tile_loss(x, kind, margin, k + num_negs)
                 if weight is not None:
-                    p.mul_(weight[r0:r1].unsqueeze(1))
-                grad_batch_scores[r0:r1] = p[:, 1 : 1 + k]
-                grad_negs_scores[r0:r1] = p[:, 1 + k :]
-        per_positive = p_pos.clamp_min(1e-38).log_().neg_()
-        grad_pos = p_pos.sub_(1.0)
-        if weight is not None:
-            per_positive.mul_(weight)
-            grad_pos.mul_(weight)
+                    w = weight[r0:r1]
+                    loss_rows = loss_rows * w
+                    g_pos = g_pos * w
+                    g_negs = g_negs * w.unsqueeze(1)
+                per_positive[r0:r1] = loss_rows
+                grad_pos[r0:r1] = g_pos
+                grad_batch_scores[r0:r1] = g_negs[:, :k]
+                grad_negs_scores[r0:r1] = g_negs[:, k:]
         loss = per_positive.sum()
         ctx.save_for_backward(
             a, u, grad_negs_scores, grad_pos, grad_batch_scores, a_chunks, s_chunks
@@ -115,10 +163,11 @@ class _FusedSoftmax(torch.autograd.Function):
             grad_negs.mul_(scale)
             if grad_src is not None:
                 grad_src.mul_(scale)
-        return grad_pos * scale, grad_anchors, grad_negs, grad_src, None, None, None, None
+        grads = (grad_pos * scale, grad_anchors, grad_negs, grad_src)
+        return (*grads, None, None, None, None, None, None)
 
 
-def fused_softmax_loss(
+def fused_sampled_loss(
     pos: Tensor,
     anchors: Tensor,
     negs: Tensor,
@@ -127,8 +176,11 @@ def fused_softmax_loss(
     dtype: torch.dtype,
     src: Tensor | None = None,
     chunk_size: int = 0,
+    kind: str = "softmax",
+    margin: float = 0.1,
 ) -> tuple[Tensor, int]:
-    """Softmax loss of ``pos`` (B,) against the dot products of ``anchors`` (B, D) with
+    """The ``kind`` loss (one of :data:`LOSS_KINDS`; ``margin``: the ranking loss's) of ``pos``
+    (B,) against the dot products of ``anchors`` (B, D) with
 
     * the shared negatives ``negs`` (G, N, D), anchor row r using group ``r // group_size``;
     * with ``src`` (B, D): the batch negatives, the ``src`` rows of the anchor's own chunk of
@@ -137,7 +189,9 @@ def fused_softmax_loss(
 
     Returns the summed (weighted) loss and the number of negatives scoring above their positive.
     """
-    loss, violators = _FusedSoftmax.apply(
-        pos, anchors, negs, src, weight, group_size, chunk_size, dtype
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"no fused {kind!r} loss (fused: {', '.join(LOSS_KINDS)})")
+    loss, violators = _FusedLoss.apply(
+        pos, anchors, negs, src, weight, group_size, chunk_size, dtype, kind, float(margin)
     )
     return loss, int(violators)

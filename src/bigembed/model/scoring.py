@@ -30,7 +30,7 @@ from bigembed.model.comparators import (
     DotComparator,
     make_comparator,
 )
-from bigembed.model.fused import fused_softmax_loss
+from bigembed.model.fused import LOSS_KINDS, fused_sampled_loss
 from bigembed.model.losses import make_loss
 from bigembed.model.names import COMPUTE_DTYPES
 from bigembed.model.negatives import (
@@ -112,10 +112,11 @@ class ScoringModel(nn.Module):
         self.comparator: Comparator = make_comparator(spec.comparator, spec.bias)
         self.loss_fn = make_loss(spec.loss, spec.margin)
         # Decided once here: _fusable runs every batch.
-        self.fusable_loss = spec.loss == "softmax" and type(self.comparator) in (
+        self.fusable_loss = spec.loss in LOSS_KINDS and type(self.comparator) in (
             DotComparator,
             CosComparator,
         )
+        self.all_entities_kernel = self.fusable_loss and spec.loss == "softmax"
         self.reg_coef = float(spec.regularization_coef)
         try:
             self.compute_dtype = _COMPUTE_DTYPES[spec.compute_dtype]
@@ -190,7 +191,7 @@ class ScoringModel(nn.Module):
         return parts
 
     def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
-        """Whether :func:`fused_softmax_loss` computes this loss (softmax over dot products)."""
+        """Whether :func:`fused_sampled_loss` computes this loss (over dot products)."""
         return self.fusable_loss and not all_negs and negs.num_uniform_negs > 0
 
     def _fused_direction(
@@ -207,7 +208,7 @@ class ScoringModel(nn.Module):
         if not enabled:
             return pos.new_zeros(()), 0
         assert src_uniform is not None  # _fusable: num_uniform_negs > 0
-        return fused_softmax_loss(
+        return fused_sampled_loss(
             pos,
             anchors,
             src_uniform,
@@ -216,6 +217,8 @@ class ScoringModel(nn.Module):
             self.compute_dtype,
             src_pos if negs.num_batch_negs > 0 else None,
             negs.num_batch_negs,
+            self.spec.loss,
+            float(self.spec.margin),
         )
 
     def _all_entities_direction(
@@ -265,7 +268,8 @@ class ScoringModel(nn.Module):
         cmp = self.comparator
         all_negs = bool(rspec.all_negs)
         fused = not need_scores and self._fusable(negs, all_negs)
-        fused_all = not need_scores and all_negs and self.fusable_loss
+        # The all-entity kernel is a softmax: other fusable losses take the score-block path.
+        fused_all = not need_scores and all_negs and self.all_entities_kernel
         lhs_x = self._adjust(lhs.pos, rspec.lhs)
         rhs_x = self._adjust(rhs.pos, rspec.rhs)
         batch = lhs_x.shape[0]

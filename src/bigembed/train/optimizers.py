@@ -46,11 +46,12 @@ def row_adagrad_update(
         n = rows.shape[0]
         summed.index_add_(0, inverse[start : start + n], grad)
         start += n
-    sq = torch.linalg.vector_norm(summed, dim=1).square_().div_(dim)
+    sq = summed.square().mean(1)
     local = state.index_select(0, uniq).clamp_min_(0).add_(sq)
     state.index_add_(0, uniq, sq)
-    step = summed.div_(local.sqrt_().add_(EPS).unsqueeze(1)).mul_(-lr)
-    table.index_add_(0, uniq, step)
+    # One pass over the (rows, D) block: scale each row by -lr / (sqrt(local) + eps) in place.
+    scale = local.sqrt_().add_(EPS).reciprocal_().mul_(-lr)
+    table.index_add_(0, uniq, summed.mul_(scale.unsqueeze(1)))
     return int(uniq.numel())
 
 

@@ -1,0 +1,94 @@
+"""One training step of the small-dimension sparse work (bench/sparse_bench.py), one thread.
+
+The model of bench/sparse_bench.py's config (d=100, cos, 50 batch + 50 uniform negatives, batch
+1000, one relation) over two 20,542-row partitions (82,168 / 4), random batches; prints ms/step
+and edges/s per thread for the ranking and softmax losses, best of ``--rounds``. Run it with two
+source trees interleaved for a before/after (the hot path without the Hogwild pool, the loop,
+the evaluation or the disk):
+
+    for i in 1 2 3; do
+      PYTHONPATH=/path/to/before/src python bench/sparse_step_bench.py
+      PYTHONPATH=src python bench/sparse_step_bench.py
+    done
+    python bench/sparse_step_bench.py --profile ranking   # torch.profiler table of 50 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from sparse_bench import NODES, write_config
+
+from bigembed.buckets.batching import Batch
+from bigembed.buckets.negative_settings import negative_settings
+from bigembed.config import load_config, model_spec
+from bigembed.model.scoring import ScoringModel
+from bigembed.train.malloc_tuning import keep_freed_memory
+from bigembed.train.step import BatchTrainer, Table
+
+ROWS = NODES // 4
+
+
+def trainer(config: Path, loss: str) -> BatchTrainer:
+    cfg = load_config(config, overrides=[f"loss_fn={loss}"])
+    model = ScoringModel(model_spec(cfg, 1))
+    states = [torch.zeros_like(p) for p in model.parameters()]
+    gen = torch.Generator().manual_seed(0)
+    return BatchTrainer(model, states, negative_settings(cfg), cfg.lr, cfg.lr, gen)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--profile", choices=["ranking", "softmax"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    keep_freed_memory()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.yaml"
+        write_config(config, Path(tmp), 100)
+        losses = [args.profile] if args.profile else ["ranking", "softmax"]
+        trainers = {loss: trainer(config, loss) for loss in losses}
+    lhs = Table(torch.randn(ROWS, 100) * 1e-3, torch.zeros(ROWS))
+    rhs = Table(torch.randn(ROWS, 100) * 1e-3, torch.zeros(ROWS))
+    zeros = torch.zeros(1000, dtype=torch.long)
+    batches = [
+        Batch(torch.randint(ROWS, (1000,)), torch.randint(ROWS, (1000,)), zeros, 0, None)
+        for _ in range(args.steps)
+    ]
+    if args.profile:
+        from torch.profiler import profile
+
+        tr = trainers[args.profile]
+        for b in batches[:5]:
+            tr.step(b, lhs, rhs)
+        with profile() as prof:
+            for b in batches:
+                tr.step(b, lhs, rhs)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        return 0
+    best = dict.fromkeys(losses, float("inf"))
+    for _ in range(args.rounds):
+        for loss, tr in trainers.items():
+            for b in batches[:3]:
+                tr.step(b, lhs, rhs)
+            t0 = time.perf_counter()
+            for b in batches:
+                tr.step(b, lhs, rhs)
+            best[loss] = min(best[loss], (time.perf_counter() - t0) / len(batches))
+    print(f"\nBatchTrainer.step, sparse_bench model, batch 1000, 1 thread, best of {args.rounds}")
+    print("| loss | ms/step | edges/s per thread |")
+    print("|---|---|---|")
+    for loss, s in best.items():
+        print(f"| {loss} | {s * 1e3:.2f} | {1000 / s:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
