@@ -31,6 +31,7 @@ import torch
 from bigembed.atomic import atomic_directory, atomic_write_text
 from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
 from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
+from bigembed.config import BIGEMBED_ONLY_KEYS as CONFIG_ONLY_KEYS
 from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
 from bigembed.inference import open_for_inference
@@ -41,13 +42,8 @@ from bigembed.output_paths import check_replaceable, refuse_overlap
 from bigembed.partition_keys import PartitionKey
 from bigembed.storage import write_entity_store
 
-BIGEMBED_ONLY_KEYS = (
-    "seed",
-    "compute_dtype",
-    "uniform_negs_group",
-    "distributed_timeout",
-    "communication",
-)
+# The top-level keys PBG's schema lacks: kept in the side file, never in PBG's config.json.
+BIGEMBED_ONLY_KEYS = tuple(k for k in CONFIG_ONLY_KEYS if "." not in k)
 SIDE_CONFIG = "bigembed_config.json"
 PBG_FORMAT_VERSION = 1
 
