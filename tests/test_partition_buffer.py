@@ -19,6 +19,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -282,3 +283,144 @@ def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
     assert mem.peak_shmem >= 2.9 * part, f"the buffer holds more than one bucket: {mib}"
     assert mem.peak_shmem <= 4.3 * part, f"more partitions alive than the budget holds: {mib}"
     assert peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
+
+
+# ---------------------------------------------------------------------- distributed overlap
+#: Each rank of the overlap test: every write-back takes SLOW_WRITE s longer (so a release
+#: sent before its write-back completes is logged before it), then the ordinary CLI.
+SLOW_WRITE = 0.15
+_SLOW_RANK = (
+    "import sys, time\n"
+    "from bigembed.train.partitions import PartitionStore\n"
+    "_save = PartitionStore._save\n"
+    "def slow(self, key, table):\n"
+    f"    time.sleep({SLOW_WRITE})\n"
+    "    _save(self, key, table)\n"
+    "PartitionStore._save = slow\n"
+    "from bigembed.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _holding(lock_events: list[dict]) -> dict[tuple[int, tuple[str, int]], list[list[float]]]:
+    """(trainer, partition) -> [granted at, released at] intervals, from the lock server's log
+    (the last run only). A grant of a partition the trainer already holds extends nothing."""
+    last = max(i for i, e in enumerate(lock_events) if e["event"] == "run_start")
+    spans: dict[tuple[int, tuple[str, int]], list[list[float]]] = {}
+    for e in lock_events[last:]:
+        for t, p in e.get("partitions", []):
+            span = spans.setdefault((e["trainer"], (t, p)), [])
+            if e["event"] == "acquire" and (not span or span[-1][1] >= 0):
+                span.append([e["time"], -1.0])  # open
+            elif e["event"] == "release":
+                assert span and span[-1][1] < 0, f"release of a partition not held: {e}"
+                span[-1][1] = e["time"]
+    return spans
+
+
+def check_transfers(ckpt: Path, ranks: int) -> list[dict]:
+    """Every partition transfer of every trainer happened while the lock server counted the
+    partition as that trainer's: reads after the grant, write-backs complete before the
+    release. With the no-two-holders rule (``check_events``) this is the invariant: nobody
+    reads a partition before its previous holder's write-back is complete."""
+    from test_dist import read_events
+
+    spans = _holding(read_events(ckpt / "lock_events.jsonl"))
+    locked = {key for _, key in spans}
+    transfers = []
+    for rank in range(ranks):
+        for e in read_events(ckpt / f"partition_transfers_rank{rank}.jsonl"):
+            key = (e["partition"][0], e["partition"][1])
+            if key not in locked:
+                continue  # an unpartitioned (pinned) table: never locked, never swapped
+            inside = any(
+                start <= e["time"] and (end < 0 or e["time"] <= end)
+                for start, end in spans.get((e["trainer"], key), [])
+            )
+            what = "read" if e["event"].startswith("load") else "written back"
+            assert inside, f"rank {rank} {what} {key} while not holding it: {e}"
+            transfers.append(e)
+    return transfers
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_distributed_overlap_never_reads_before_write_back(tmp_path: Path, prefetch: bool) -> None:
+    """Two real trainers on 127.0.0.1, swapping through the shared checkpoint directory with
+    slow write-backs. With ``partition_prefetch`` the next bucket is granted early and read
+    while the current one trains, the previous one's partitions written back in the
+    background; without, all of it happens between buckets. Either way, from the logs of what
+    actually happened, no partition is read before its write-back is complete."""
+    from test_dist import ENV, check_events, free_port, make_graph, read_events
+
+    cfg_path, cfg = make_graph(
+        tmp_path, num_epochs=1, num_partition_servers=0, partition_prefetch=prefetch
+    )
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SLOW_RANK,
+                "train",
+                str(cfg_path),
+                "--rank",
+                str(rank),
+                "--no-progress",
+                "-p",
+                "num_machines=2",
+                "-p",
+                f"distributed_init_method=tcp://127.0.0.1:{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV,
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    ckpt = Path(cfg.checkpoint_path)
+    lock = read_events(ckpt / "lock_events.jsonl")
+    granted = check_events(lock)
+    assert sum(granted[0].values()) == 16, "every bucket once"
+    transfers = check_transfers(ckpt, 2)
+    kinds = Counter(e["event"] for e in transfers)
+    assert kinds["write_end"] > 0 and kinds["load_start"] > 0, kinds
+    # Overlap really happened: a bucket granted ahead had a partition read before the bucket
+    # its trainer was training then was reported done.
+    done_at = {
+        (e["trainer"], e["iteration"], tuple(e["bucket"])): e["time"]
+        for e in lock
+        if e["event"] == "bucket_done"
+    }
+    ahead = [e for e in lock if e["event"] == "acquire" and e.get("ahead")]
+    if not prefetch:
+        assert not ahead, "look-ahead without partition_prefetch"
+        return
+    assert ahead, "no bucket was granted ahead"
+    early = 0
+    for g in ahead:
+        training = [  # the trainer's grants before this one, not yet done at this grant
+            a
+            for a in lock
+            if a["event"] == "acquire"
+            and a["trainer"] == g["trainer"]
+            and a["time"] < g["time"]
+            and done_at.get((a["trainer"], a["iteration"], tuple(a["bucket"])), 0) > g["time"]
+        ]
+        if not training:
+            continue
+        ends = done_at[(g["trainer"], g["iteration"], tuple(training[-1]["bucket"]))]
+        new = {tuple(k) for k in g["partitions"]} - {
+            tuple(k) for a in training for k in a["partitions"]
+        }
+        early += any(
+            e["event"] == "load_start"
+            and e["trainer"] == g["trainer"]
+            and tuple(e["partition"]) in new
+            and g["time"] <= e["time"] < ends
+            for e in transfers
+        )
+    assert early > 0, "no partition was read while the previous bucket trained"

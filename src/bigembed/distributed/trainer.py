@@ -4,7 +4,12 @@
 machine does, from different parts:
 
 * buckets come from the lock server (:class:`~bigembed.distributed.lock_client.LockedBucketSource`,
-  which writes back and releases partitions between buckets); rank 0 runs the lock server;
+  which writes back and releases partitions between buckets); rank 0 runs the lock server.
+  With ``partition_prefetch`` (the default) the trainer holds the next bucket too: its
+  partitions are read, and the previous bucket's written back, in background threads while the
+  current bucket trains (every wait for them bounded by ``TRANSFER_DEADLINE`` x
+  ``distributed_timeout``); each trainer logs its partition transfers to
+  ``partition_transfers_rankR.jsonl`` beside the lock server's ``lock_events.jsonl``;
 * swapped-out partitions go to the partition servers (the partition store's remote), or, with
   ``num_partition_servers: 0``, to the checkpoint directory on the shared disk, exactly as on
   one machine;
@@ -65,6 +70,11 @@ from bigembed.train.step import Table
 logger = logging.getLogger(__name__)
 
 EVENT_LOG = "lock_events.jsonl"
+#: Each trainer's partition transfers (load_start/load_end/write_queued/write_end, with times).
+TRANSFER_LOG = "partition_transfers_rank{rank}.jsonl"
+#: The longest the training thread waits for one background partition transfer, in units of
+#: distributed_timeout (each of a transfer's calls is bounded by it; a few may queue before it).
+TRANSFER_DEADLINE = 10
 PROBE_FILE = ".bigembed_shared_disk_probe"
 
 
@@ -390,6 +400,7 @@ class DistributedTrainer:
         self.sync: SharedParameterSync | None = None
         self.partition_server: PartitionServer | None = None
         self.partition_client: PartitionClient | None = None
+        self.transfer_log: EventLog | None = None
         if self.layout.num_partition_servers < 0:  # each trainer hosts one
             self.partition_server = PartitionServer(
                 self.rank,
@@ -409,7 +420,16 @@ class DistributedTrainer:
                 self.partition_server,
                 session=ctx.session,
                 compressed=cfg.communication.partition_precision == "compressed",
+                connect=self._connect,
             )
+
+    def _connect(self) -> dist.Store:
+        """A store connection of its own (for a background I/O thread)."""
+        return self.ctx.address.namespaced(self.ctx.address.client(self.ctx.timeout))
+
+    def _log_transfer(self, kind: str, key: tuple[str, int]) -> None:
+        if self.transfer_log is not None:
+            self.transfer_log.write(kind, trainer=self.rank, partition=[key[0], key[1]])
 
     def train(self) -> TrainResult:
         cfg, job, ctx = self.cfg, self.job, self.ctx
@@ -425,6 +445,8 @@ class DistributedTrainer:
         init_source = resume(job, self.state, self.checkpoint, committed)
         shared = cfg.resolved_workers() > 1
         counts = job.partition_counts()
+        overlap = bool(cfg.partition_prefetch)
+        self.transfer_log = EventLog(self.checkpoint.path / TRANSFER_LOG.format(rank=self.rank))
         partitions = PartitionStore(
             counts,
             job.dimensions(),
@@ -437,13 +459,26 @@ class DistributedTrainer:
             shared=shared,
             pinned=job.unpartitioned(counts),
             remote=self.partition_client,
+            managed=True,
+            background=overlap,
+            deadline=TRANSFER_DEADLINE * ctx.timeout,
+            on_event=self._log_transfer,
         )
         if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
             self.state.move_to_shared_memory()
         partitions.ensure(())  # the unpartitioned (shared) tables stay resident from now on
         self.sync = SharedParameterSync(ctx, self.state, partitions)
+        releases = self.lock_client
+        if overlap:  # released from the write-back thread: its own store connection
+            releases = LockClient(
+                self._connect(), ctx.rank, ctx.timeout, ctx.layout.role(0), ctx.session
+            )
         source = LockedBucketSource(
-            self.lock_client, lambda b: frozenset.union(*side_keys(cfg, b)), partitions
+            self.lock_client,
+            lambda b: frozenset.union(*side_keys(cfg, b)),
+            partitions,
+            releases=releases,
+            lookahead=overlap,
         )
         self.bucket_source = source
         checkpoints = CooperativeCheckpoints(
@@ -489,3 +524,5 @@ class DistributedTrainer:
         self.ctx.barrier("services-stopped")
         if self.partition_server is not None:
             self.partition_server.stop()
+        if self.transfer_log is not None:
+            self.transfer_log.close()
