@@ -335,6 +335,38 @@ def test_unknown_policy_is_refused() -> None:
         BucketScheduler(_keys, lambda it: PassPlan(it, {}, False), policy="fastest")
 
 
+def test_calibration_from_the_buckets_recovers_seconds_per_edge() -> None:
+    """Buckets whose relation mixes differ: the fit finds each signature's seconds per edge
+    (here linear is 3x cheaper per analytic multiply-add than diagonal, as on a real CPU);
+    buckets with one mix only give the scale and keep the analytic ratios; too few, nothing."""
+    from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
+
+    cfg = _config()
+    prior = CostModel.analytic(cfg)
+    lin, diag = ("linear", False), ("diagonal", False)
+    truth = {lin: prior.per_edge[lin] * 1e-9, diag: prior.per_edge[diag] * 3e-9}
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(24):
+        n_lin, n_diag = rng.integers(100, 5000, size=2)
+        secs = n_lin * truth[lin] + n_diag * truth[diag]
+        samples.append(BucketSample({lin: n_lin, diag: n_diag}, secs * rng.uniform(0.95, 1.05)))
+    fitted = fit_from_buckets(prior, samples)
+    assert fitted is not None and fitted.source == "calibrated"
+    for sig in (lin, diag):
+        assert fitted.per_edge[sig] == pytest.approx(truth[sig], rel=0.1), sig
+    same = [BucketSample({lin: 100 * k, diag: 300 * k}, k * 1e-3) for k in range(1, 9)]
+    flat = fit_from_buckets(prior, same)
+    assert flat is not None
+    ratio = flat.per_edge[lin] / flat.per_edge[diag]
+    assert ratio == pytest.approx(prior.per_edge[lin] / prior.per_edge[diag])
+    total = sum(
+        s.edges[lin] * flat.per_edge[lin] + s.edges[diag] * flat.per_edge[diag] for s in same
+    )
+    assert total == pytest.approx(sum(s.seconds for s in same)), "the scale is fitted"
+    assert fit_from_buckets(prior, samples[:3]) is None
+
+
 # ---------------------------------------------------------------------- work stealing
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_batch_plan_covers_every_edge_once(dynamic: bool) -> None:

@@ -58,6 +58,7 @@ from bigembed.distributed.partition_server import PartitionClient, PartitionServ
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
 from bigembed.partition_keys import Bucket
+from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
 from bigembed.train.iteration import Iteration, iterations
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
@@ -141,11 +142,9 @@ def side_keys(cfg: ConfigSchema, bucket: Bucket) -> SideKeys:
 
 
 def lock_cost_model(job: TrainingJob) -> CostModel | None:
-    """The cost model of the ``cost`` grant policy (None with ``load_balancing: pbg``, which
-    weighs buckets by edge count). Analytic: calibrating it on rank 0 at start
-    (:func:`bigembed.train.cost_calibration.calibrate`) made the allreduce strategy's first gloo
-    round time out with 2 Hogwild workers per trainer (tests/test_strategies.py); not wired
-    until that is understood."""
+    """The analytic cost model the ``cost`` grant policy starts from (None with
+    ``load_balancing: pbg``, which weighs buckets by edge count); :class:`LockCosts` replaces it
+    with seconds per edge fitted to the first step's buckets."""
     cfg = job.cfg
     if cfg.load_balancing != "cost":
         return None
@@ -156,21 +155,63 @@ def lock_cost_model(job: TrainingJob) -> CostModel | None:
     return model
 
 
+class LockCosts:
+    """Rank 0: the lock server's cost model, calibrated once from the step statistics.
+
+    After the first step this run trains, the busy seconds of every bucket (all trainers'
+    records, merged on rank 0) and its edges per relation signature give seconds per edge per
+    signature (:func:`~bigembed.train.cost_calibration.fit_from_buckets`); the passes planned
+    after that use them. No extra timing run: calibrating at start-up with one made the
+    allreduce strategy's first gloo round time out (a long silent pause on rank 0 only)."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.model = lock_cost_model(job)
+        self.calibrated = self.model is None
+
+    def observe(self, records: list[BucketRecord]) -> None:
+        """The merged bucket records of a committed step (only the first one is used)."""
+        if self.calibrated or self.model is None:
+            return
+        self.calibrated = True
+        cfg, model = self.job.cfg, self.model
+        samples = []
+        for r in records:
+            if r.timing is None or r.stats.count == 0:
+                continue
+            key = r.at.edge_path_idx
+            bucket = (r.lhs_partition, r.rhs_partition)
+            shares = model.signature_shares(cfg, self.job.edge_stores[key], bucket, key)
+            seconds = sum(r.timing.worker_seconds) or r.timing.train_seconds
+            samples.append(BucketSample({g: f * r.stats.count for g, f in shares.items()}, seconds))
+        fitted = fit_from_buckets(model, samples)
+        if fitted is not None:
+            self.model = fitted
+            logger.info(
+                "cost model calibrated from %d buckets (s/edge): %s", len(samples), fitted.per_edge
+            )
+
+
 def start_lock_server(
-    ctx: DistContext, job: TrainingJob, checkpoint: CheckpointStore, committed: int, fresh: bool
+    ctx: DistContext,
+    job: TrainingJob,
+    checkpoint: CheckpointStore,
+    committed: int,
+    fresh: bool,
+    costs: LockCosts,
 ) -> LockServer:
     """Rank 0: start the lock server of a run resumed at ``committed`` (logs to EVENT_LOG)."""
     cfg = job.cfg
-    costs = lock_cost_model(job)
 
     def plan_for(index: int) -> PassPlan:
         it = next(iterations(cfg.num_epochs, len(cfg.edge_paths), job.num_chunks, index))
         store = job.edge_stores[it.edge_path_idx]
         weights = chunk_sizes(store, it.chunk, job.num_chunks)
         tree = bool(cfg.distributed_tree_init_order) and index == 0 and fresh
-        if costs is None:
+        model = costs.model
+        if model is None:
             return PassPlan(index, weights, tree)
-        per_bucket = bucket_costs(cfg, store, it.chunk, job.num_chunks, costs, it.edge_path_idx)
+        per_bucket = bucket_costs(cfg, store, it.chunk, job.num_chunks, model, it.edge_path_idx)
         return PassPlan(index, weights, tree, per_bucket)
 
     log = EventLog(checkpoint.path / EVENT_LOG)
@@ -301,6 +342,7 @@ class CooperativeCheckpoints:
         self.sync = sync
         self.partition_client = partition_client
         self.counters = counters  # (network bytes, lock waits) so far in this run
+        self.costs: LockCosts | None = None  # rank 0: fed each step's merged bucket records
         self._reported = (0, 0)  # ... of them already in earlier steps' stats
         self.partitions: PartitionStore | None = None
 
@@ -352,6 +394,8 @@ class CooperativeCheckpoints:
                 parts.append(StepLog.from_json(json.loads(_signed(ctx, f"stats/{version}/{r}"))))
                 ctx.store.delete_key(f"stats/{version}/{r}")
             merged = merge_step_logs(parts)
+            if self.costs is not None:
+                self.costs.observe(merged.buckets)
             for pkey in sorted(self.partitions.pinned):
                 table = self.partitions.get(pkey)
                 ck.save_partition(pkey[0], pkey[1], version, table.emb, table.state)
@@ -439,9 +483,10 @@ class DistributedTrainer:
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
             )
             return TrainResult(version=committed, steps_run=0)
-        if self.rank == 0:
+        costs = LockCosts(job) if self.rank == 0 else None
+        if costs is not None:
             fresh = committed == 0 and not cfg.init_path
-            self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh)
+            self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh, costs)
         init_source = resume(job, self.state, self.checkpoint, committed)
         shared = cfg.resolved_workers() > 1
         counts = job.partition_counts()
@@ -490,6 +535,7 @@ class DistributedTrainer:
             self.partition_client,
             lambda: (self.net_bytes(), source.waits),
         )
+        checkpoints.costs = costs
         loop = TrainingLoop(
             job,
             self.state,
