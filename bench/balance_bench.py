@@ -30,6 +30,8 @@ buys.
 
     python bench/balance_bench.py                      # 60k users, 3k items, 600k edges, 8 parts
     python bench/balance_bench.py --edges 100000 --epochs 2 --repeats 1   # quick look
+    python bench/balance_bench.py --only "1 rank x 2 workers" -p bucket_order=buffer \
+        -p memory_budget=741816408     # 8 of the 16 tables resident: swaps every epoch
 """
 
 from __future__ import annotations
@@ -220,6 +222,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", choices=[c[0] for c in CONFIGS], default=None)
     parser.add_argument("--prefetch", choices=["on", "off", "both"], default="on")
+    parser.add_argument(
+        "-p", "--param", action="append", default=[], help="KEY=VALUE for every run (repeatable)"
+    )
     parser.add_argument("--workdir", default="/tmp/bigembed_balance_bench")
     args = parser.parse_args()
 
@@ -244,7 +249,7 @@ def main() -> int:
                 tag = label if args.prefetch == "on" else f"{label}, prefetch {pf}"
                 for policy in ("pbg", "cost"):
                     ckpt = workdir / f"ckpt_{ranks}_{policy}"
-                    more = [*extra, f"partition_prefetch={pf}"]
+                    more = [*extra, f"partition_prefetch={pf}", *args.param]
                     pair[policy] = run_one(cfg_path, ckpt, command, ranks, more, policy)
                     rows.append((tag, policy, rep, pair[policy]))
                 pair["cost"]["speedup"] = pair["pbg"]["epoch_s"] / pair["cost"]["epoch_s"]

@@ -180,11 +180,41 @@ def test_buffer_order_trains_every_bucket_once_and_swaps_less(nparts: int) -> No
     assert loads[8] < loads[4] < loads[3] < loads[2] <= two, (loads, two)
 
 
+@pytest.mark.parametrize("c", [3, 4])
+def test_buffer_order_trains_the_costliest_bucket_before_each_swap(c: int) -> None:
+    """With the cost model's costs, the buffer order keeps its swaps (the same loads) and the
+    bucket trained just before each swap (while the next partition is read ahead) is the
+    costliest of the buckets trained since the previous swap."""
+    nparts = 8
+    rng = random.Random(4)
+    costs = {(i, j): rng.lognormvariate(0, 1) for i in range(nparts) for j in range(nparts)}
+    plain = bucket_order("buffer", nparts, nparts, random.Random(7), c)
+    order = bucket_order("buffer", nparts, nparts, random.Random(7), c, costs)
+    assert sorted(order) == sorted(costs)
+    assert _belady_loads(order, c) == _belady_loads(plain, c)
+    loads_at = _belady_load_positions(order, c)
+    swaps = beaten = 0
+    for prev, k in zip(loads_at, loads_at[1:], strict=False):
+        since = order[prev:k]
+        if since:
+            swaps += 1
+            beaten += costs[since[-1]] < max(costs[b] for b in since)
+    assert swaps > nparts, swaps
+    assert beaten == 0, f"{beaten} of {swaps} swaps follow a cheaper bucket than the costliest"
+
+
 def _belady_loads(order: list[tuple[int, int]], capacity: int) -> int:
+    return len(_belady_load_positions(order, capacity, each=True))
+
+
+def _belady_load_positions(
+    order: list[tuple[int, int]], capacity: int, each: bool = False
+) -> list[int]:
+    """Where the buckets needing a partition load are (``each``: once per partition loaded)."""
     resident: set[int] = set()
-    n = 0
+    at = []
     for i, bucket in enumerate(order):
-        for p in set(bucket) - resident:
+        for p in sorted(set(bucket) - resident):
             if len(resident) >= capacity:
 
                 def next_use(q: int, i: int = i) -> int:
@@ -192,8 +222,9 @@ def _belady_loads(order: list[tuple[int, int]], capacity: int) -> int:
 
                 resident.remove(max(resident - set(bucket), key=next_use))
             resident.add(p)
-            n += 1
-    return n
+            if each or not at or at[-1] != i:
+                at.append(i)
+    return at
 
 
 def test_the_store_loads_fall_with_the_capacity(tmp_path: Path) -> None:
