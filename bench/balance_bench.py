@@ -19,7 +19,8 @@ starting workers and touching every partition) it reports:
 * worker idle: per Hogwild worker, the part of the buckets' training time it was not busy
   (waiting for the slowest worker), max over workers;
 * I/O wait: time waiting for a bucket's partitions and edges to be loaded, as a part of the
-  step time (mean over trainers);
+  step time (mean over trainers); part. wait: of which waiting for partition reads and
+  write-backs alone (the step record's ``io_wait_seconds``; one machine only);
 * speedup: PBG's epoch time / the cost model's, same configuration and repeat;
 * CPU use: CPU seconds of the whole run (all its processes) / (wall seconds x CPUs): near
   100% the machine is saturated and no schedule can shorten the epochs, only move the waiting.
@@ -199,6 +200,11 @@ def run_one(
         "rank_idle_max": float(np.max(rank_idle)),
         "worker_idle_max": float(np.max(worker_idle)),
         "io_wait": float(np.mean(io_wait)),
+        "part_wait": (  # not in a distributed step's merged record
+            sum(s.io_wait_seconds or 0.0 for s in steps) / step_s / len(trainers)
+            if all(s.io_wait_seconds is not None for s in steps)
+            else None
+        ),
         "edges_per_s": sum(s.stats.count for s in steps) / step_s,
         "loss": log.steps[-1].stats.loss,
     }
@@ -270,6 +276,7 @@ def main() -> int:
         "rank idle mean / max",
         "worker idle max",
         "I/O wait",
+        "part. wait",
         "edges/s",
         "CPU use",
         "last loss",
@@ -280,7 +287,9 @@ def main() -> int:
         print(
             f"| {label} | {policy} | {rep + 1} | {r['epoch_s']:.2f} | {r['speedup']:.2f}x | "
             f"{r['rank_idle_mean']:.1%} / {r['rank_idle_max']:.1%} | "
-            f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | {r['edges_per_s']:,.0f} | "
+            f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | "
+            f"{'n/a' if r['part_wait'] is None else format(r['part_wait'], '.1%')} | "
+            f"{r['edges_per_s']:,.0f} | "
             f"{r['cpu_use']:.0%} | {r['loss']:.4f} |"
         )
     return 0

@@ -316,6 +316,56 @@ def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
     assert peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
 
 
+class _HangingRemote:
+    """A partition server that never finishes a write-back (until ``gate`` is set)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+
+    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
+        return False
+
+    def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
+        self.gate.wait(30)
+
+
+def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Path) -> None:
+    """Distributed store (managed, background): the training thread waits for a background
+    transfer at most ``deadline`` seconds, then a PeerError names it; the release never runs."""
+    from bigembed.errors import PeerError
+
+    remote = _HangingRemote()
+    store = PartitionStore(
+        {("node", p): 20 for p in range(4)},
+        {"node": 4},
+        CheckpointStore(tmp_path / "ck"),
+        committed=0,
+        working=1,
+        init_source=None,
+        init_scale=0.1,
+        seed=1,
+        shared=False,
+        remote=remote,
+        managed=True,
+        background=True,
+        deadline=0.5,
+    )
+    released: list[list[PartitionKey]] = []
+    store.ensure({("node", 0), ("node", 1)})
+    store.write_back([("node", 0)], released.append)
+    store.check()  # nothing failed yet: the write-back is only slow
+    started = time.monotonic()
+    with pytest.raises(PeerError, match="did not finish within 0.5s"):
+        store.drain()
+    assert time.monotonic() - started < 5
+    assert released == [], "released before its write-back completed"
+    remote.gate.set()
+    store.close()  # the queued jobs run first: the write-back, then the release
+    assert released == [[("node", 0)]]
+
+
 # ---------------------------------------------------------------------- distributed overlap
 #: Each rank of the overlap test: every write-back takes SLOW_WRITE s longer (so a release
 #: sent before its write-back completes is logged before it), then the ordinary CLI.
