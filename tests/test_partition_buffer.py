@@ -13,6 +13,7 @@ the background, in a buffer-aware bucket order.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -194,7 +195,7 @@ def test_buffer_order_trains_the_costliest_bucket_before_each_swap(c: int) -> No
     assert _belady_loads(order, c) == _belady_loads(plain, c)
     loads_at = _belady_load_positions(order, c)
     swaps = beaten = 0
-    for prev, k in zip(loads_at, loads_at[1:], strict=False):
+    for prev, k in itertools.pairwise(loads_at):
         since = order[prev:k]
         if since:
             swaps += 1
