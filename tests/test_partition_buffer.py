@@ -358,7 +358,7 @@ def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Pat
     store.write_back([("node", 0)], released.append)
     store.check()  # nothing failed yet: the write-back is only slow
     started = time.monotonic()
-    with pytest.raises(PeerError, match="did not finish within 0.5s"):
+    with pytest.raises(PeerError, match=r"did not finish within 0\.5s"):
         store.drain()
     assert time.monotonic() - started < 5
     assert released == [], "released before its write-back completed"
