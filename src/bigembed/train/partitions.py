@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -176,7 +176,7 @@ class PartitionStore:
         if self.on_event is not None:
             self.on_event(kind, key)
 
-    def _wait(self, job: Job, take: bool = False) -> object:
+    def _wait(self, job: Job, take: bool = False) -> Any:
         """A background job's result, within the deadline (a PeerError naming it if not)."""
         try:
             return job.take(self.deadline) if take else job.result(self.deadline)
@@ -430,7 +430,7 @@ class PartitionStore:
             self.evict(want)
         for key, job in sorted(self._reading.items()):
             # read ahead for this bucket (or stale: evictable)
-            self.loaded[key] = self._wait(job, take=True)  # type: ignore[assignment]
+            self.loaded[key] = self._wait(job, take=True)
         self._reading.clear()
         for key in sorted(want - set(self.loaded)):
             room = self.capacity is None or key in self.pinned or self._make_room(want)
