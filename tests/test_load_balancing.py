@@ -329,6 +329,14 @@ def test_look_ahead_protocol() -> None:
     assert busy.acquire(1, 0, None)["kind"] == "wait"  # all that is left touches 0
     assert busy.acquire(0, 0, None, want=2)["granted"] == [[1, 0]], "no new lock while 1 waits"
 
+    # as many buckets left as trainers without work: no look-ahead (each may still ask)
+    two_buckets = {(0, 0): 5, (1, 1): 5}
+    first_asks = BucketScheduler(
+        _keys, lambda _: PassPlan(0, two_buckets, False), policy="cost", trainers=2
+    )
+    assert first_asks.acquire(0, 0, None, want=2)["granted"] == [[0, 0]]
+    assert first_asks.acquire(1, 0, None, want=2)["granted"] == [[1, 1]]
+
 
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="grant policy"):

@@ -121,10 +121,14 @@ class BucketScheduler:
         plan_for: Callable[[int], PassPlan],
         log: EventLog | None = None,
         policy: str = "pbg",
+        trainers: int | None = None,
     ) -> None:
+        """``trainers``: how many trainers the run has (look-ahead leaves a bucket for each
+        one without work; None: the trainers seen so far)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown grant policy {policy!r} (expected one of {POLICIES})")
         self.policy = policy
+        self.trainers = trainers
         self.keys_of = keys_of
         self.plan_for = plan_for
         self.log = log or EventLog(None)
@@ -254,11 +258,17 @@ class BucketScheduler:
         is allowed if nobody owns it or the trainer owns it *and may use it* (not returning).
 
         A look-ahead grant (``ahead``: the trainer still has a bucket to train) must not starve
-        the others: while another trainer waits, it may only use partitions the trainer's
-        current bucket uses (no new lock); otherwise it follows the grant policy."""
+        the others: it is made only while more buckets are left than trainers without work
+        (each may still ask), and while another trainer waits, it may only use partitions the
+        trainer's current bucket uses (no new lock); otherwise it follows the grant policy."""
         assert self.plan is not None
         if not self.pending:
             return None
+        if ahead:
+            known = self.trainers if self.trainers is not None else len(self.active)
+            busy = sum(1 for t, b in self.active.items() if t != trainer and b)
+            if len(self.pending) <= known - 1 - busy:
+                return None
         free = [
             b
             for b in self.pending

@@ -223,7 +223,13 @@ def start_lock_server(
     )
     server = LockServer(
         ctx.address.namespaced(ctx.address.client(ctx.timeout)),
-        BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log, policy=cfg.load_balancing),
+        BucketScheduler(
+            lambda b: side_keys(cfg, b),
+            plan_for,
+            log,
+            policy=cfg.load_balancing,
+            trainers=ctx.layout.num_trainers,
+        ),
         ctx.fail,
         session=ctx.session,
         trainers=ctx.layout.num_trainers,
