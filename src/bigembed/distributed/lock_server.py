@@ -25,7 +25,9 @@ Rules, per pass (one (epoch, edge set, chunk) step):
 Look-ahead (``want: 2``, config ``partition_prefetch``): a trainer may hold one bucket beyond the
 one it trains, so it can read that bucket's partitions while it trains the current one. Each
 ``acquire`` reports the bucket just trained (``finished``) and asks to hold ``want`` buckets; the
-server grants up to that many (same rules; a trainer never *waits* while it still has a bucket:
+server grants up to that many (same rules, plus: no look-ahead grant while the buckets left are
+no more than the trainers without work, and none using a new partition while another trainer
+waits; a trainer never *waits* while it still has a bucket:
 "wait" and "done" only come with nothing to train). The reply lists the new grants
 (``granted``) and the partitions the trainer must give back (``release``: everything it holds
 that none of its buckets uses).
