@@ -19,11 +19,20 @@ starting workers and touching every partition) it reports:
 * worker idle: per Hogwild worker, the part of the buckets' training time it was not busy
   (waiting for the slowest worker), max over workers;
 * I/O wait: time waiting for a bucket's partitions and edges to be loaded, as a part of the
-  step time (mean over trainers);
-* speedup: PBG's epoch time / the cost model's, same configuration and repeat.
+  step time (mean over trainers); part. wait: of which waiting for partition reads and
+  write-backs alone (the step record's ``io_wait_seconds``; one machine only);
+* speedup: PBG's epoch time / the cost model's, same configuration and repeat;
+* CPU use: CPU seconds of the whole run (all its processes) / (wall seconds x CPUs): near
+  100% the machine is saturated and no schedule can shorten the epochs, only move the waiting.
+
+``--prefetch both`` also runs every pair with ``partition_prefetch: false`` (distributed: no
+look-ahead grant, partitions read and written back between buckets) to show what the overlap
+buys.
 
     python bench/balance_bench.py                      # 60k users, 3k items, 600k edges, 8 parts
     python bench/balance_bench.py --edges 100000 --epochs 2 --repeats 1   # quick look
+    python bench/balance_bench.py --only "1 rank x 2 workers" -p bucket_order=buffer \
+        -p memory_budget=741816408     # 8 of the 16 tables resident: swaps every epoch
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -159,8 +169,11 @@ def run_one(
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(argv, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     log = read_training_log(CheckpointStore(ckpt))
     warm = {s.at.version for s in log.steps if s.at.epoch_idx > 0} or {
         s.at.version for s in log.steps
@@ -181,11 +194,17 @@ def run_one(
             worker_idle.append(1 - busy / train if train > 0 else 0.0)
     return {
         "wall_s": wall,
+        "cpu_use": cpu / (wall * (os.cpu_count() or 1)),
         "epoch_s": step_s / len(steps),
         "rank_idle_mean": float(np.mean(rank_idle)),
         "rank_idle_max": float(np.max(rank_idle)),
         "worker_idle_max": float(np.max(worker_idle)),
         "io_wait": float(np.mean(io_wait)),
+        "part_wait": (  # not in a distributed step's merged record
+            sum(s.io_wait_seconds or 0.0 for s in steps) / step_s / len(trainers)
+            if all(s.io_wait_seconds is not None for s in steps)
+            else None
+        ),
         "edges_per_s": sum(s.stats.count for s in steps) / step_s,
         "loss": log.steps[-1].stats.loss,
     }
@@ -208,6 +227,10 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", choices=[c[0] for c in CONFIGS], default=None)
+    parser.add_argument("--prefetch", choices=["on", "off", "both"], default="on")
+    parser.add_argument(
+        "-p", "--param", action="append", default=[], help="KEY=VALUE for every run (repeatable)"
+    )
     parser.add_argument("--workdir", default="/tmp/bigembed_balance_bench")
     args = parser.parse_args()
 
@@ -221,18 +244,22 @@ def main() -> int:
         json.dumps(graph_config(graph, args.partitions, args.dimension, args.epochs))
     )
 
+    prefetch = {"on": ["true"], "off": ["false"], "both": ["true", "false"]}[args.prefetch]
     rows = []
     for rep in range(args.repeats):
         for label, command, ranks, extra in CONFIGS:
             if args.only and label != args.only:
                 continue
-            pair = {}
-            for policy in ("pbg", "cost"):
-                ckpt = workdir / f"ckpt_{ranks}_{policy}"
-                pair[policy] = run_one(cfg_path, ckpt, command, ranks, extra, policy)
-                rows.append((label, policy, rep, pair[policy]))
-            pair["cost"]["speedup"] = pair["pbg"]["epoch_s"] / pair["cost"]["epoch_s"]
-            pair["pbg"]["speedup"] = 1.0
+            for pf in prefetch:
+                pair = {}
+                tag = label if args.prefetch == "on" else f"{label}, prefetch {pf}"
+                for policy in ("pbg", "cost"):
+                    ckpt = workdir / f"ckpt_{ranks}_{policy}"
+                    more = [*extra, f"partition_prefetch={pf}", *args.param]
+                    pair[policy] = run_one(cfg_path, ckpt, command, ranks, more, policy)
+                    rows.append((tag, policy, rep, pair[policy]))
+                pair["cost"]["speedup"] = pair["pbg"]["epoch_s"] / pair["cost"]["epoch_s"]
+                pair["pbg"]["speedup"] = 1.0
 
     print(
         f"\n{args.users:,} users + {args.items:,} items, {args.edges:,} edges "
@@ -249,7 +276,9 @@ def main() -> int:
         "rank idle mean / max",
         "worker idle max",
         "I/O wait",
+        "part. wait",
         "edges/s",
+        "CPU use",
         "last loss",
     )
     print("| " + " | ".join(head) + " |")
@@ -258,8 +287,10 @@ def main() -> int:
         print(
             f"| {label} | {policy} | {rep + 1} | {r['epoch_s']:.2f} | {r['speedup']:.2f}x | "
             f"{r['rank_idle_mean']:.1%} / {r['rank_idle_max']:.1%} | "
-            f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | {r['edges_per_s']:,.0f} | "
-            f"{r['loss']:.4f} |"
+            f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | "
+            f"{'n/a' if r['part_wait'] is None else format(r['part_wait'], '.1%')} | "
+            f"{r['edges_per_s']:,.0f} | "
+            f"{r['cpu_use']:.0%} | {r['loss']:.4f} |"
         )
     return 0
 

@@ -231,9 +231,148 @@ def test_policies_keep_the_lock_invariants(tmp_path: Path, policy: str) -> None:
         assert sorted(granted[it]) == sorted(costs)
 
 
+@pytest.mark.parametrize("policy", ["cost", "pbg"])
+def test_look_ahead_with_late_releases_keeps_the_lock_invariants(
+    tmp_path: Path, policy: str
+) -> None:
+    """Trainers hold a bucket ahead (``want: 2``) and release what they give back only later
+    (a background write-back), in random interleavings: each bucket once per pass, no
+    partition held by two trainers, nobody granted a partition still being written back (the
+    replay below treats a partition as held until its release), no deadlock."""
+    import random
+
+    costs, _ = skewed(2, 5)
+    log = EventLog(tmp_path / "events.jsonl")
+    sched = BucketScheduler(
+        _keys,
+        lambda it: PassPlan(it, {b: int(c) for b, c in costs.items()}, False, costs),
+        log,
+        policy,
+    )
+    rng = random.Random(11)
+    ahead_grants = 0
+    for it in range(3):
+        queue: dict[int, list[Bucket]] = {t: [] for t in range(3)}
+        trained: dict[int, Bucket | None] = dict.fromkeys(range(3))
+        returning: list[tuple[int, list]] = []  # (trainer, keys) written back, not released
+        done: set[int] = set()
+        for _ in range(20_000):
+            if len(done) == 3 and not returning:
+                break
+            if returning and rng.random() < 0.4:  # a write-back completes: release
+                t, keys = returning.pop(rng.randrange(len(returning)))
+                sched.release(t, it, keys)
+                continue
+            live = [t for t in range(3) if t not in done]
+            if not live:
+                continue
+            t = rng.choice(live)
+            reply = sched.acquire(t, it, trained[t], want=2)
+            trained[t] = None
+            if reply["release"]:
+                returning.append((t, [(a, int(p)) for a, p in reply["release"]]))
+            granted = [(int(b[0]), int(b[1])) for b in reply["granted"]]
+            ahead_grants += len(granted) - (0 if queue[t] else 1) if granted else 0
+            queue[t] += granted
+            if queue[t]:
+                trained[t] = queue[t].pop(0)  # trains it; reports it at its next call
+                assert reply["kind"] == "bucket"
+            elif reply["kind"] == "done":
+                done.add(t)
+        assert len(done) == 3 and not returning, "deadlock"
+    log.close()
+    events = read_events(tmp_path / "events.jsonl")
+    granted_per_pass = check_events(events)
+    for it in range(3):
+        assert sorted(granted_per_pass[it]) == sorted(costs)
+    assert ahead_grants > 0
+    assert any(e["event"] == "acquire" and e["ahead"] for e in events)
+
+
+def test_look_ahead_protocol() -> None:
+    """Given back means usable by nobody until released; a partition a granted bucket uses
+    cannot be released; while another trainer waits, look-ahead locks nothing new."""
+    weights = {(i, j): 10 + i + 2 * j for i in range(4) for j in range(4)}
+    sched = BucketScheduler(_keys, lambda _: PassPlan(0, weights, False))
+    first = sched.acquire(0, 0, None, want=2)
+    a, _ = (tuple(x) for x in first["granted"])
+    assert first["kind"] == "bucket" and first["bucket"] == list(a)
+    with pytest.raises(ValueError, match="asks for a bucket while holding"):
+        sched.acquire(0, 0, None, want=2)
+    with pytest.raises(ValueError, match="a bucket it was granted uses"):
+        sched.release(0, 0, [("node", a[0])])
+
+    # a partition given back is usable by nobody, its owner included, until released
+    two = BucketScheduler(_keys, lambda _: PassPlan(0, {(0, 1): 10, (2, 3): 9, (1, 2): 1}, False))
+    assert two.acquire(0, 0, None)["bucket"] == [0, 1]
+    assert two.acquire(1, 0, None)["bucket"] == [2, 3]
+    back0 = two.acquire(0, 0, (0, 1))
+    assert back0["kind"] == "wait" and back0["release"] == [["node", 0], ["node", 1]]
+    back1 = two.acquire(1, 0, (2, 3))
+    assert back1["kind"] == "wait", "(1, 2) needs partition 1, still being written back"
+    assert two.acquire(0, 0, None)["kind"] == "wait", "its owner may not use it either"
+    two.release(0, 0, [("node", 0), ("node", 1)])
+    assert two.acquire(0, 0, None)["kind"] == "wait", "partition 2 is still being written back"
+    two.release(1, 0, [("node", 2), ("node", 3)])
+    assert two.acquire(0, 0, None)["bucket"] == [1, 2]
+
+    # (0, 1) is granted first; then (0, 2) by pressure, unless trainer 1 waits meanwhile
+    costs = {(0, 1): 100.0, (1, 0): 1.0, (0, 2): 60.0}
+
+    def fresh() -> BucketScheduler:
+        weights = {k: int(v) for k, v in costs.items()}
+        return BucketScheduler(_keys, lambda _: PassPlan(0, weights, False, costs), policy="cost")
+
+    assert fresh().acquire(0, 0, None, want=2)["granted"] == [[0, 1], [0, 2]]
+    busy = fresh()
+    assert busy.acquire(0, 0, None)["bucket"] == [0, 1]
+    assert busy.acquire(1, 0, None)["kind"] == "wait"  # all that is left touches 0
+    assert busy.acquire(0, 0, None, want=2)["granted"] == [[1, 0]], "no new lock while 1 waits"
+
+    # as many buckets left as trainers without work: no look-ahead (each may still ask)
+    two_buckets = {(0, 0): 5, (1, 1): 5}
+    first_asks = BucketScheduler(
+        _keys, lambda _: PassPlan(0, two_buckets, False), policy="cost", trainers=2
+    )
+    assert first_asks.acquire(0, 0, None, want=2)["granted"] == [[0, 0]]
+    assert first_asks.acquire(1, 0, None, want=2)["granted"] == [[1, 1]]
+
+
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="grant policy"):
         BucketScheduler(_keys, lambda it: PassPlan(it, {}, False), policy="fastest")
+
+
+def test_calibration_from_the_buckets_recovers_seconds_per_edge() -> None:
+    """Buckets whose relation mixes differ: the fit finds each signature's seconds per edge
+    (here linear is 3x cheaper per analytic multiply-add than diagonal, as on a real CPU);
+    buckets with one mix only give the scale and keep the analytic ratios; too few, nothing."""
+    from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
+
+    cfg = _config()
+    prior = CostModel.analytic(cfg)
+    lin, diag = ("linear", False), ("diagonal", False)
+    truth = {lin: prior.per_edge[lin] * 1e-9, diag: prior.per_edge[diag] * 3e-9}
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(24):
+        n_lin, n_diag = rng.integers(100, 5000, size=2)
+        secs = n_lin * truth[lin] + n_diag * truth[diag]
+        samples.append(BucketSample({lin: n_lin, diag: n_diag}, secs * rng.uniform(0.95, 1.05)))
+    fitted = fit_from_buckets(prior, samples)
+    assert fitted is not None and fitted.source == "calibrated"
+    for sig in (lin, diag):
+        assert fitted.per_edge[sig] == pytest.approx(truth[sig], rel=0.1), sig
+    same = [BucketSample({lin: 100 * k, diag: 300 * k}, k * 1e-3) for k in range(1, 9)]
+    flat = fit_from_buckets(prior, same)
+    assert flat is not None
+    ratio = flat.per_edge[lin] / flat.per_edge[diag]
+    assert ratio == pytest.approx(prior.per_edge[lin] / prior.per_edge[diag])
+    total = sum(
+        s.edges[lin] * flat.per_edge[lin] + s.edges[diag] * flat.per_edge[diag] for s in same
+    )
+    assert total == pytest.approx(sum(s.seconds for s in same)), "the scale is fitted"
+    assert fit_from_buckets(prior, samples[:3]) is None
 
 
 # ---------------------------------------------------------------------- work stealing

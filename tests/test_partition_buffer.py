@@ -13,12 +13,14 @@ the background, in a buffer-aware bucket order.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -179,11 +181,41 @@ def test_buffer_order_trains_every_bucket_once_and_swaps_less(nparts: int) -> No
     assert loads[8] < loads[4] < loads[3] < loads[2] <= two, (loads, two)
 
 
+@pytest.mark.parametrize("c", [3, 4])
+def test_buffer_order_trains_the_costliest_bucket_before_each_swap(c: int) -> None:
+    """With the cost model's costs, the buffer order keeps its swaps (the same loads) and the
+    bucket trained just before each swap (while the next partition is read ahead) is the
+    costliest of the buckets trained since the previous swap."""
+    nparts = 8
+    rng = random.Random(4)
+    costs = {(i, j): rng.lognormvariate(0, 1) for i in range(nparts) for j in range(nparts)}
+    plain = bucket_order("buffer", nparts, nparts, random.Random(7), c)
+    order = bucket_order("buffer", nparts, nparts, random.Random(7), c, costs)
+    assert sorted(order) == sorted(costs)
+    assert _belady_loads(order, c) == _belady_loads(plain, c)
+    loads_at = _belady_load_positions(order, c)
+    swaps = beaten = 0
+    for prev, k in itertools.pairwise(loads_at):
+        since = order[prev:k]
+        if since:
+            swaps += 1
+            beaten += costs[since[-1]] < max(costs[b] for b in since)
+    assert swaps > nparts, swaps
+    assert beaten == 0, f"{beaten} of {swaps} swaps follow a cheaper bucket than the costliest"
+
+
 def _belady_loads(order: list[tuple[int, int]], capacity: int) -> int:
+    return len(_belady_load_positions(order, capacity, each=True))
+
+
+def _belady_load_positions(
+    order: list[tuple[int, int]], capacity: int, each: bool = False
+) -> list[int]:
+    """Where the buckets needing a partition load are (``each``: once per partition loaded)."""
     resident: set[int] = set()
-    n = 0
+    at = []
     for i, bucket in enumerate(order):
-        for p in set(bucket) - resident:
+        for p in sorted(set(bucket) - resident):
             if len(resident) >= capacity:
 
                 def next_use(q: int, i: int = i) -> int:
@@ -191,8 +223,9 @@ def _belady_loads(order: list[tuple[int, int]], capacity: int) -> int:
 
                 resident.remove(max(resident - set(bucket), key=next_use))
             resident.add(p)
-            n += 1
-    return n
+            if each or not at or at[-1] != i:
+                at.append(i)
+    return at
 
 
 def test_the_store_loads_fall_with_the_capacity(tmp_path: Path) -> None:
@@ -282,3 +315,202 @@ def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
     assert mem.peak_shmem >= 2.9 * part, f"the buffer holds more than one bucket: {mib}"
     assert mem.peak_shmem <= 4.3 * part, f"more partitions alive than the budget holds: {mib}"
     assert peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
+
+
+class _HangingRemote:
+    """A partition server that never finishes a write-back (until ``gate`` is set)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+
+    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool:
+        return False
+
+    def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
+        self.gate.wait(30)
+
+
+def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Path) -> None:
+    """Distributed store (managed, background): the training thread waits for a background
+    transfer at most ``deadline`` seconds, then a PeerError names it; the release never runs."""
+    from bigembed.errors import PeerError
+
+    remote = _HangingRemote()
+    store = PartitionStore(
+        {("node", p): 20 for p in range(4)},
+        {"node": 4},
+        CheckpointStore(tmp_path / "ck"),
+        committed=0,
+        working=1,
+        init_source=None,
+        init_scale=0.1,
+        seed=1,
+        shared=False,
+        remote=remote,
+        managed=True,
+        background=True,
+        deadline=0.5,
+    )
+    released: list[list[PartitionKey]] = []
+    store.ensure({("node", 0), ("node", 1)})
+    store.write_back([("node", 0)], released.append)
+    store.check()  # nothing failed yet: the write-back is only slow
+    started = time.monotonic()
+    with pytest.raises(PeerError, match=r"did not finish within 0\.5s"):
+        store.drain()
+    assert time.monotonic() - started < 5
+    assert released == [], "released before its write-back completed"
+    remote.gate.set()
+    store.close()  # the queued jobs run first: the write-back, then the release
+    assert released == [[("node", 0)]]
+
+
+# ---------------------------------------------------------------------- distributed overlap
+#: Each rank of the overlap test: every write-back takes SLOW_WRITE s longer (so a release
+#: sent before its write-back completes is logged before it), then the ordinary CLI.
+SLOW_WRITE = 0.08
+_SLOW_RANK = (
+    "import sys, time\n"
+    "from bigembed.train.partitions import PartitionStore\n"
+    "_save = PartitionStore._save\n"
+    "def slow(self, key, table):\n"
+    f"    time.sleep({SLOW_WRITE})\n"
+    "    _save(self, key, table)\n"
+    "PartitionStore._save = slow\n"
+    "from bigembed.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _holding(lock_events: list[dict]) -> dict[tuple[int, tuple[str, int]], list[list[float]]]:
+    """(trainer, partition) -> [granted at, released at] intervals, from the lock server's log
+    (the last run only). A grant of a partition the trainer already holds extends nothing."""
+    last = max(i for i, e in enumerate(lock_events) if e["event"] == "run_start")
+    spans: dict[tuple[int, tuple[str, int]], list[list[float]]] = {}
+    for e in lock_events[last:]:
+        for t, p in e.get("partitions", []):
+            span = spans.setdefault((e["trainer"], (t, p)), [])
+            if e["event"] == "acquire" and (not span or span[-1][1] >= 0):
+                span.append([e["time"], -1.0])  # open
+            elif e["event"] == "release":
+                assert span and span[-1][1] < 0, f"release of a partition not held: {e}"
+                span[-1][1] = e["time"]
+    return spans
+
+
+def check_transfers(ckpt: Path, ranks: int) -> list[dict]:
+    """Every partition transfer of every trainer happened while the lock server counted the
+    partition as that trainer's: reads after the grant, write-backs complete before the
+    release. With the no-two-holders rule (``check_events``) this is the invariant: nobody
+    reads a partition before its previous holder's write-back is complete."""
+    from test_dist import read_events
+
+    spans = _holding(read_events(ckpt / "lock_events.jsonl"))
+    locked = {key for _, key in spans}
+    transfers = []
+    for rank in range(ranks):
+        for e in read_events(ckpt / f"partition_transfers_rank{rank}.jsonl"):
+            key = (e["partition"][0], e["partition"][1])
+            if key not in locked:
+                continue  # an unpartitioned (pinned) table: never locked, never swapped
+            inside = any(
+                start <= e["time"] and (end < 0 or e["time"] <= end)
+                for start, end in spans.get((e["trainer"], key), [])
+            )
+            what = "read" if e["event"].startswith("load") else "written back"
+            assert inside, f"rank {rank} {what} {key} while not holding it: {e}"
+            transfers.append(e)
+    return transfers
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_distributed_overlap_never_reads_before_write_back(tmp_path: Path, prefetch: bool) -> None:
+    """Two real trainers on 127.0.0.1, swapping through the shared checkpoint directory with
+    slow write-backs. With ``partition_prefetch`` the next bucket is granted early and read
+    while the current one trains, the previous one's partitions written back in the
+    background; without, all of it happens between buckets. Either way, from the logs of what
+    actually happened, no partition is read before its write-back is complete. (Without, it
+    runs two epochs: the lock server's costs are analytic in the first pass, then seconds
+    calibrated from the first step's buckets.)"""
+    from test_dist import ENV, check_events, free_port, make_graph, read_events
+
+    epochs = 1 if prefetch else 2
+    cfg_path, cfg = make_graph(
+        tmp_path, num_epochs=epochs, num_partition_servers=0, partition_prefetch=prefetch
+    )
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SLOW_RANK,
+                "train",
+                str(cfg_path),
+                "--rank",
+                str(rank),
+                "--no-progress",
+                "-p",
+                "num_machines=2",
+                "-p",
+                f"distributed_init_method=tcp://127.0.0.1:{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV,
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    ckpt = Path(cfg.checkpoint_path)
+    lock = read_events(ckpt / "lock_events.jsonl")
+    granted = check_events(lock)
+    assert all(sum(granted[it].values()) == 16 for it in range(epochs)), "each bucket once"
+    transfers = check_transfers(ckpt, 2)
+    kinds = Counter(e["event"] for e in transfers)
+    assert kinds["write_end"] > 0 and kinds["load_start"] > 0, kinds
+    # Overlap really happened: a bucket granted ahead had a partition read before the bucket
+    # its trainer was training then was reported done.
+    done_at = {
+        (e["trainer"], e["iteration"], tuple(e["bucket"])): e["time"]
+        for e in lock
+        if e["event"] == "bucket_done"
+    }
+    ahead = [e for e in lock if e["event"] == "acquire" and e.get("ahead")]
+    if not prefetch:
+        assert not ahead, "look-ahead without partition_prefetch"
+        grants = [e for e in lock if e["event"] == "acquire" and e["edges"] > 0]
+        # analytic: thousands of multiply-adds per edge; calibrated: microseconds per edge
+        assert all(e["cost"] > e["edges"] for e in grants if e["iteration"] == 0)
+        assert all(e["cost"] < 0.01 * e["edges"] for e in grants if e["iteration"] == 1)
+        assert any("cost model calibrated" in out for out in outs)
+        return
+    assert ahead, "no bucket was granted ahead"
+    early = 0
+    for g in ahead:
+        training = [  # the trainer's grants before this one, not yet done at this grant
+            a
+            for a in lock
+            if a["event"] == "acquire"
+            and a["trainer"] == g["trainer"]
+            and a["time"] < g["time"]
+            and done_at.get((a["trainer"], a["iteration"], tuple(a["bucket"])), 0) > g["time"]
+        ]
+        if not training:
+            continue
+        ends = done_at[(g["trainer"], g["iteration"], tuple(training[-1]["bucket"]))]
+        new = {tuple(k) for k in g["partitions"]} - {
+            tuple(k) for a in training for k in a["partitions"]
+        }
+        early += any(
+            e["event"] == "load_start"
+            and e["trainer"] == g["trainer"]
+            and tuple(e["partition"]) in new
+            and g["time"] <= e["time"] < ends
+            for e in transfers
+        )
+    assert early > 0, "no partition was read while the previous bucket trained"

@@ -96,6 +96,21 @@ class CostModel:
             self._rel_counts[(key, bucket)] = cached
         return cached
 
+    def signature_shares(
+        self, cfg: ConfigSchema, store: EdgeStore, bucket: Bucket, key: int = 0
+    ) -> dict[Signature, float]:
+        """The share of ``bucket``'s edges of each signature (they sum to 1; {} if empty)."""
+        if len(self.per_edge) == 1:
+            return {next(iter(self.per_edge)): 1.0}
+        counts = self._counts(store, key, bucket)
+        total = int(counts.sum())
+        out: dict[Signature, float] = {}
+        for rid, n in enumerate(counts.tolist()):
+            if n:
+                sig = signature_of(cfg, rid)
+                out[sig] = out.get(sig, 0.0) + n / total
+        return out
+
     def bucket_cost(
         self, cfg: ConfigSchema, store: EdgeStore, bucket: Bucket, edges: int, key: int = 0
     ) -> float:

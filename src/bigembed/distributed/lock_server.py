@@ -22,9 +22,22 @@ Rules, per pass (one (epoch, edge set, chunk) step):
 * nothing grantable: "wait" (the trainer writes its partitions back, releases them and asks
   again); nothing left to grant: "done".
 
-A grant does not free the trainer's old partitions: it frees them with ``release`` once they are
-written back (to a partition server or the checkpoint directory), so nobody can read a stale
-copy. Every decision is appended to an event log (JSON lines) that tests replay to prove the
+Look-ahead (``want: 2``, config ``partition_prefetch``): a trainer may hold one bucket beyond the
+one it trains, so it can read that bucket's partitions while it trains the current one. Each
+``acquire`` reports the bucket just trained (``finished``) and asks to hold ``want`` buckets; the
+server grants up to that many (same rules, plus: no look-ahead grant while the buckets left are
+no more than the trainers without work, and none using a new partition while another trainer
+waits; a trainer never *waits* while it still has a bucket:
+"wait" and "done" only come with nothing to train). The reply lists the new grants
+(``granted``) and the partitions the trainer must give back (``release``: everything it holds
+that none of its buckets uses).
+
+Giving back is two-phase so that write-back can run in the background: a partition listed in
+``release`` is *returning*: still owned by the trainer (nobody else can be granted it), but no
+longer usable by it either (no grant counts on it), until the trainer's ``release`` request, sent
+once the write-back is complete (to a partition server or the checkpoint directory), frees it.
+So nobody can read a stale copy, and a trainer never trains a partition it is still writing
+back. Every decision is appended to an event log (JSON lines) that tests replay to prove the
 no-shared-partition rule from what actually happened.
 """
 
@@ -76,22 +89,25 @@ class EventLog:
         self.path = path
         self._file: TextIO | None = None
         self._seq = 0
+        self._lock = threading.Lock()  # a trainer's transfer log is written from I/O threads
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, event: str, **fields: Any) -> None:
-        self._seq += 1
-        if self._file is None:
-            return
-        record = {"event": event, "seq": self._seq, "time": time.time(), **fields}
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        with self._lock:
+            self._seq += 1
+            if self._file is None:
+                return
+            record = {"event": event, "seq": self._seq, "time": time.time(), **fields}
+            self._file.write(json.dumps(record, sort_keys=True) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def _keys_json(keys: set[PartitionKey] | frozenset[PartitionKey]) -> list[list[Any]]:
@@ -107,10 +123,14 @@ class BucketScheduler:
         plan_for: Callable[[int], PassPlan],
         log: EventLog | None = None,
         policy: str = "pbg",
+        trainers: int | None = None,
     ) -> None:
+        """``trainers``: how many trainers the run has (look-ahead leaves a bucket for each
+        one without work; None: the trainers seen so far)."""
         if policy not in POLICIES:
             raise ValueError(f"unknown grant policy {policy!r} (expected one of {POLICIES})")
         self.policy = policy
+        self.trainers = trainers
         self.keys_of = keys_of
         self.plan_for = plan_for
         self.log = log or EventLog(None)
@@ -118,9 +138,11 @@ class BucketScheduler:
         self.plan: PassPlan | None = None
         self.pending: set[Bucket] = set()
         self.done: set[Bucket] = set()
-        self.active: dict[int, Bucket] = {}
+        self.active: dict[int, list[Bucket]] = {}  # granted, not finished: training first
         self.owner: dict[PartitionKey, int] = {}
-        self.held: dict[int, set[PartitionKey]] = {}
+        self.held: dict[int, set[PartitionKey]] = {}  # owned and usable by the trainer
+        self.returning: dict[int, set[PartitionKey]] = {}  # owned, being written back
+        self.waiting: set[int] = set()  # trainers whose last answer was "wait"
         self.touched: set[PartitionKey] | None = None
         self.load: dict[PartitionKey, float] = {}  # remaining cost per partition (cost policy)
 
@@ -136,10 +158,10 @@ class BucketScheduler:
             raise ValueError(
                 f"iteration {iteration} is over (the lock server is at {self.iteration})"
             )
-        if self.iteration >= 0 and (self.pending or self.active):
+        if self.iteration >= 0 and (self.pending or self._in_flight()):
             raise ValueError(
                 f"iteration {iteration} requested while iteration {self.iteration} still has "
-                f"{len(self.pending)} buckets to hand out and {len(self.active)} in training"
+                f"{len(self.pending)} buckets to hand out and {self._in_flight()} in training"
             )
         if self.owner:
             raise ValueError(f"partitions still held at the start of a pass: {sorted(self.owner)}")
@@ -166,47 +188,107 @@ class BucketScheduler:
         lhs, rhs = self.keys_of(bucket)
         return lhs <= self.touched or rhs <= self.touched
 
+    def _in_flight(self) -> int:
+        return sum(len(b) for b in self.active.values())
+
+    def _using(self, trainer: int) -> set[PartitionKey]:
+        """The partitions of the trainer's granted, unfinished buckets."""
+        out: set[PartitionKey] = set()
+        for b in self.active.get(trainer, []):
+            out |= self._all_keys(b)
+        return out
+
     # ------------------------------------------------------------------ requests
-    def acquire(self, trainer: int, iteration: int, finished: Bucket | None) -> Message:
+    def acquire(
+        self, trainer: int, iteration: int, finished: Bucket | None, want: int = 1
+    ) -> Message:
+        """``finished``: the bucket the trainer just trained (its oldest grant); ``want``: how
+        many buckets it asks to hold after this call (1, or 2 with look-ahead)."""
         self._enter(iteration)
         assert self.plan is not None
+        if want not in (1, 2):
+            raise ValueError(f"trainer {trainer} asks to hold {want} buckets (1 or 2)")
         held = self.held.setdefault(trainer, set())
+        mine = self.active.setdefault(trainer, [])
         if finished is not None:
-            if self.active.get(trainer) != finished:
+            if not mine or mine[0] != finished:
                 raise ValueError(f"trainer {trainer} reports bucket {finished} it was not given")
-            del self.active[trainer]
+            mine.pop(0)
             self.done.add(finished)
             self.log.write(
                 "bucket_done", trainer=trainer, iteration=iteration, bucket=list(finished)
             )
-            if not self.pending and not self.active:
+            if not self.pending and not self._in_flight():
                 self.log.write("pass_done", iteration=iteration, buckets=len(self.done))
-        elif trainer in self.active:
+        if len(mine) >= want:
             raise ValueError(
-                f"trainer {trainer} asks for a bucket while holding {self.active[trainer]}"
+                f"trainer {trainer} asks for a bucket while holding {mine[0]}"
+                + (f" and {mine[1]}" if len(mine) > 1 else "")
             )
-        if not self.pending:
+        granted: list[Bucket] = []
+        while len(mine) < want:
+            best = self._grant(trainer, iteration, held, ahead=bool(mine))
+            if best is None:
+                break
+            mine.append(best)
+            granted.append(best)
+        give_back = held - self._using(trainer)
+        held -= give_back
+        self.returning.setdefault(trainer, set()).update(give_back)
+        reply: Message = {
+            "granted": [list(b) for b in granted],
+            "release": _keys_json(give_back),
+        }
+        self.waiting.discard(trainer)
+        if mine:
+            reply["kind"] = "bucket"
+            if granted:
+                reply["bucket"] = list(granted[0])
+        elif not self.pending:
             self.log.write("done", trainer=trainer, iteration=iteration)
-            return {"kind": "done", "release": _keys_json(held)}
+            reply["kind"] = "done"
+        else:
+            self.log.write("wait", trainer=trainer, iteration=iteration)
+            self.waiting.add(trainer)
+            reply["kind"] = "wait"
+        return reply
+
+    def _grant(
+        self, trainer: int, iteration: int, held: set[PartitionKey], ahead: bool
+    ) -> Bucket | None:
+        """Grant the trainer the best allowed bucket (None: nothing allowed now). A partition
+        is allowed if nobody owns it or the trainer owns it *and may use it* (not returning).
+
+        A look-ahead grant (``ahead``: the trainer still has a bucket to train) must not starve
+        the others: it is made only while more buckets are left than trainers without work
+        (each may still ask), and while another trainer waits, it may only use partitions the
+        trainer's current bucket uses (no new lock); otherwise it follows the grant policy."""
+        assert self.plan is not None
+        if not self.pending:
+            return None
+        if ahead:
+            known = self.trainers if self.trainers is not None else len(self.active)
+            busy = sum(1 for t, b in self.active.items() if t != trainer and b)
+            if len(self.pending) <= known - 1 - busy:
+                return None
         free = [
             b
             for b in self.pending
-            if all(self.owner.get(k, trainer) == trainer for k in self._all_keys(b))
+            if all(k not in self.owner or k in held for k in self._all_keys(b))
         ]
         allowed = [b for b in free if self._tree_ok(b)]
-        if not allowed and free and not self.active:
+        if not allowed and free and not self._in_flight():
             allowed = free  # nothing in flight could ever touch more partitions: waive the rule
+        if ahead and self.waiting - {trainer}:
+            using = self._using(trainer)
+            allowed = [b for b in allowed if self._all_keys(b) <= using]
         if not allowed:
-            self.log.write("wait", trainer=trainer, iteration=iteration)
-            return {"kind": "wait", "release": _keys_json(held)}
-        weights = self.plan.weights
+            return None
         best = min(allowed, key=lambda b: self._rank(b, held))
         keys = self._all_keys(best)
         self.pending.discard(best)
         for k in keys:
             self.load[k] -= self.plan.cost(best)
-        self.active[trainer] = best
-        for k in keys:
             self.owner[k] = trainer
         held |= keys
         if self.touched is not None:
@@ -217,10 +299,11 @@ class BucketScheduler:
             iteration=iteration,
             bucket=list(best),
             partitions=_keys_json(keys),
-            edges=weights[best],
+            edges=self.plan.weights[best],
             cost=self.plan.cost(best),
+            ahead=ahead,
         )
-        return {"kind": "bucket", "bucket": list(best), "release": _keys_json(held - keys)}
+        return best
 
     def _rank(self, bucket: Bucket, held: set[PartitionKey]) -> tuple:
         """The grant policy: the allowed bucket with the smallest rank is granted."""
@@ -233,13 +316,21 @@ class BucketScheduler:
         return (-pressure, -self.plan.cost(bucket), -affinity, bucket)
 
     def release(self, trainer: int, iteration: int, keys: list[PartitionKey]) -> Message:
+        """Free partitions the trainer has written back (never one its buckets still use)."""
         held = self.held.setdefault(trainer, set())
+        returning = self.returning.setdefault(trainer, set())
+        using = self._using(trainer)
         for key in keys:
             if self.owner.get(key) != trainer:
                 raise ValueError(f"trainer {trainer} releases partition {key} it does not hold")
+            if key in using:
+                raise ValueError(
+                    f"trainer {trainer} releases partition {key} that a bucket it was granted uses"
+                )
         for key in keys:
             del self.owner[key]
             held.discard(key)
+            returning.discard(key)
         self.log.write(
             "release", trainer=trainer, iteration=iteration, partitions=_keys_json(set(keys))
         )
@@ -282,7 +373,8 @@ class LockServer:
                 if req.get("finished") is not None:
                     pair = field(req, "finished", list, max_len=2)
                     finished = _bucket(pair)
-                return self.scheduler.acquire(trainer, iteration, finished)
+                want = field(req, "want", int, low=1, high=3) if "want" in req else 1
+                return self.scheduler.acquire(trainer, iteration, finished, want)
             keys = [_key(k) for k in field(req, "keys", list, max_len=1 << 16)]
             return self.scheduler.release(trainer, iteration, keys)
 

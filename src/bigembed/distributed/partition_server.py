@@ -247,9 +247,16 @@ class PartitionClient:
         group: dist.ProcessGroup | None = None,
         session: Session | None = None,
         compressed: bool = False,
+        connect: Callable[[], dist.Store] | None = None,
     ) -> None:
-        """``compressed``: ``communication.partition_precision: compressed`` (module docstring)."""
+        """``compressed``: ``communication.partition_precision: compressed`` (module docstring);
+        ``connect``: opens a store connection for each other thread that calls (the partition
+        store's background reader and writer), so their waits never share one connection."""
         self.rank = rank
+        self.connect = connect
+        self._owner = threading.get_ident()
+        self._local = threading.local()
+        self._count = threading.Lock()
         self.compressed = compressed
         self.bases: dict[PartitionKey, torch.Tensor] = {}  # bf16 copies received, per partition
         self.session = session
@@ -261,10 +268,23 @@ class PartitionClient:
         self.bytes_sent = 0
         self.bytes_received = 0
 
+    def _kv(self) -> dist.Store:
+        if self.connect is None or threading.get_ident() == self._owner:
+            return self.kv
+        store = getattr(self._local, "kv", None)
+        if store is None:
+            store = self._local.kv = self.connect()
+        return store
+
     def _rpc(self, server: int) -> RpcClient:
         return RpcClient(
-            self.kv, channel_of(server), self.timeout, self.layout.role(server), self.session
+            self._kv(), channel_of(server), self.timeout, self.layout.role(server), self.session
         )
+
+    def _counted(self, sent: int = 0, received: int = 0) -> None:
+        with self._count:
+            self.bytes_sent += sent
+            self.bytes_received += received
 
     def fetch(
         self,
@@ -308,7 +328,7 @@ class PartitionClient:
         if compressed:
             out_emb.copy_(emb)
             self.bases[key] = emb
-        self.bytes_received += emb.numel() * emb.element_size() + out_state.numel() * 4
+        self._counted(received=emb.numel() * emb.element_size() + out_state.numel() * 4)
         return True
 
     def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None:
@@ -331,7 +351,7 @@ class PartitionClient:
                 f"sending a partition to {self.layout.role(server)} failed: {exc}"
             ) from None
         rpc.receive(n, suffix="ack")
-        self.bytes_sent += (emb.numel() + state.numel()) * 4
+        self._counted(sent=(emb.numel() + state.numel()) * 4)
 
     def _store_delta(
         self, server: int, key: PartitionKey, delta: RowDelta, state: torch.Tensor
@@ -359,7 +379,7 @@ class PartitionClient:
                 f"sending a partition to {self.layout.role(server)} failed: {exc}"
             ) from None
         rpc.receive(n, suffix="ack")
-        self.bytes_sent += delta.nbytes + rows * 4
+        self._counted(sent=delta.nbytes + rows * 4)
 
     def stop_server(self, server: int) -> None:
         self._rpc(server).call({"op": "stop"})

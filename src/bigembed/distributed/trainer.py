@@ -4,7 +4,12 @@
 machine does, from different parts:
 
 * buckets come from the lock server (:class:`~bigembed.distributed.lock_client.LockedBucketSource`,
-  which writes back and releases partitions between buckets); rank 0 runs the lock server;
+  which writes back and releases partitions between buckets); rank 0 runs the lock server.
+  With ``partition_prefetch`` (the default) the trainer holds the next bucket too: its
+  partitions are read, and the previous bucket's written back, in background threads while the
+  current bucket trains (every wait for them bounded by ``TRANSFER_DEADLINE`` x
+  ``distributed_timeout``); each trainer logs its partition transfers to
+  ``partition_transfers_rankR.jsonl`` beside the lock server's ``lock_events.jsonl``;
 * swapped-out partitions go to the partition servers (the partition store's remote), or, with
   ``num_partition_servers: 0``, to the checkpoint directory on the shared disk, exactly as on
   one machine;
@@ -53,6 +58,7 @@ from bigembed.distributed.partition_server import PartitionClient, PartitionServ
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
 from bigembed.partition_keys import Bucket
+from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
 from bigembed.train.iteration import Iteration, iterations
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
@@ -65,6 +71,11 @@ from bigembed.train.step import Table
 logger = logging.getLogger(__name__)
 
 EVENT_LOG = "lock_events.jsonl"
+#: Each trainer's partition transfers (load_start/load_end/write_queued/write_end, with times).
+TRANSFER_LOG = "partition_transfers_rank{rank}.jsonl"
+#: The longest the training thread waits for one background partition transfer, in units of
+#: distributed_timeout (each of a transfer's calls is bounded by it; a few may queue before it).
+TRANSFER_DEADLINE = 10
 PROBE_FILE = ".bigembed_shared_disk_probe"
 
 
@@ -131,11 +142,9 @@ def side_keys(cfg: ConfigSchema, bucket: Bucket) -> SideKeys:
 
 
 def lock_cost_model(job: TrainingJob) -> CostModel | None:
-    """The cost model of the ``cost`` grant policy (None with ``load_balancing: pbg``, which
-    weighs buckets by edge count). Analytic: calibrating it on rank 0 at start
-    (:func:`bigembed.train.cost_calibration.calibrate`) made the allreduce strategy's first gloo
-    round time out with 2 Hogwild workers per trainer (tests/test_strategies.py); not wired
-    until that is understood."""
+    """The analytic cost model the ``cost`` grant policy starts from (None with
+    ``load_balancing: pbg``, which weighs buckets by edge count); :class:`LockCosts` replaces it
+    with seconds per edge fitted to the first step's buckets."""
     cfg = job.cfg
     if cfg.load_balancing != "cost":
         return None
@@ -146,21 +155,63 @@ def lock_cost_model(job: TrainingJob) -> CostModel | None:
     return model
 
 
+class LockCosts:
+    """Rank 0: the lock server's cost model, calibrated once from the step statistics.
+
+    After the first step this run trains, the busy seconds of every bucket (all trainers'
+    records, merged on rank 0) and its edges per relation signature give seconds per edge per
+    signature (:func:`~bigembed.train.cost_calibration.fit_from_buckets`); the passes planned
+    after that use them. No extra timing run: calibrating at start-up with one made the
+    allreduce strategy's first gloo round time out (a long silent pause on rank 0 only)."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.model = lock_cost_model(job)
+        self.calibrated = self.model is None
+
+    def observe(self, records: list[BucketRecord]) -> None:
+        """The merged bucket records of a committed step (only the first one is used)."""
+        if self.calibrated or self.model is None:
+            return
+        self.calibrated = True
+        cfg, model = self.job.cfg, self.model
+        samples = []
+        for r in records:
+            if r.timing is None or r.stats.count == 0:
+                continue
+            key = r.at.edge_path_idx
+            bucket = (r.lhs_partition, r.rhs_partition)
+            shares = model.signature_shares(cfg, self.job.edge_stores[key], bucket, key)
+            seconds = sum(r.timing.worker_seconds) or r.timing.train_seconds
+            samples.append(BucketSample({g: f * r.stats.count for g, f in shares.items()}, seconds))
+        fitted = fit_from_buckets(model, samples)
+        if fitted is not None:
+            self.model = fitted
+            logger.info(
+                "cost model calibrated from %d buckets (s/edge): %s", len(samples), fitted.per_edge
+            )
+
+
 def start_lock_server(
-    ctx: DistContext, job: TrainingJob, checkpoint: CheckpointStore, committed: int, fresh: bool
+    ctx: DistContext,
+    job: TrainingJob,
+    checkpoint: CheckpointStore,
+    committed: int,
+    fresh: bool,
+    costs: LockCosts,
 ) -> LockServer:
     """Rank 0: start the lock server of a run resumed at ``committed`` (logs to EVENT_LOG)."""
     cfg = job.cfg
-    costs = lock_cost_model(job)
 
     def plan_for(index: int) -> PassPlan:
         it = next(iterations(cfg.num_epochs, len(cfg.edge_paths), job.num_chunks, index))
         store = job.edge_stores[it.edge_path_idx]
         weights = chunk_sizes(store, it.chunk, job.num_chunks)
         tree = bool(cfg.distributed_tree_init_order) and index == 0 and fresh
-        if costs is None:
+        model = costs.model
+        if model is None:
             return PassPlan(index, weights, tree)
-        per_bucket = bucket_costs(cfg, store, it.chunk, job.num_chunks, costs, it.edge_path_idx)
+        per_bucket = bucket_costs(cfg, store, it.chunk, job.num_chunks, model, it.edge_path_idx)
         return PassPlan(index, weights, tree, per_bucket)
 
     log = EventLog(checkpoint.path / EVENT_LOG)
@@ -172,7 +223,13 @@ def start_lock_server(
     )
     server = LockServer(
         ctx.address.namespaced(ctx.address.client(ctx.timeout)),
-        BucketScheduler(lambda b: side_keys(cfg, b), plan_for, log, policy=cfg.load_balancing),
+        BucketScheduler(
+            lambda b: side_keys(cfg, b),
+            plan_for,
+            log,
+            policy=cfg.load_balancing,
+            trainers=ctx.layout.num_trainers,
+        ),
         ctx.fail,
         session=ctx.session,
         trainers=ctx.layout.num_trainers,
@@ -291,6 +348,7 @@ class CooperativeCheckpoints:
         self.sync = sync
         self.partition_client = partition_client
         self.counters = counters  # (network bytes, lock waits) so far in this run
+        self.costs: LockCosts | None = None  # rank 0: fed each step's merged bucket records
         self._reported = (0, 0)  # ... of them already in earlier steps' stats
         self.partitions: PartitionStore | None = None
 
@@ -342,6 +400,8 @@ class CooperativeCheckpoints:
                 parts.append(StepLog.from_json(json.loads(_signed(ctx, f"stats/{version}/{r}"))))
                 ctx.store.delete_key(f"stats/{version}/{r}")
             merged = merge_step_logs(parts)
+            if self.costs is not None:
+                self.costs.observe(merged.buckets)
             for pkey in sorted(self.partitions.pinned):
                 table = self.partitions.get(pkey)
                 ck.save_partition(pkey[0], pkey[1], version, table.emb, table.state)
@@ -390,6 +450,7 @@ class DistributedTrainer:
         self.sync: SharedParameterSync | None = None
         self.partition_server: PartitionServer | None = None
         self.partition_client: PartitionClient | None = None
+        self.transfer_log: EventLog | None = None
         if self.layout.num_partition_servers < 0:  # each trainer hosts one
             self.partition_server = PartitionServer(
                 self.rank,
@@ -409,7 +470,16 @@ class DistributedTrainer:
                 self.partition_server,
                 session=ctx.session,
                 compressed=cfg.communication.partition_precision == "compressed",
+                connect=self._connect,
             )
+
+    def _connect(self) -> dist.Store:
+        """A store connection of its own (for a background I/O thread)."""
+        return self.ctx.address.namespaced(self.ctx.address.client(self.ctx.timeout))
+
+    def _log_transfer(self, kind: str, key: tuple[str, int]) -> None:
+        if self.transfer_log is not None:
+            self.transfer_log.write(kind, trainer=self.rank, partition=[key[0], key[1]])
 
     def train(self) -> TrainResult:
         cfg, job, ctx = self.cfg, self.job, self.ctx
@@ -419,12 +489,15 @@ class DistributedTrainer:
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
             )
             return TrainResult(version=committed, steps_run=0)
-        if self.rank == 0:
+        costs = LockCosts(job) if self.rank == 0 else None
+        if costs is not None:
             fresh = committed == 0 and not cfg.init_path
-            self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh)
+            self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh, costs)
         init_source = resume(job, self.state, self.checkpoint, committed)
         shared = cfg.resolved_workers() > 1
         counts = job.partition_counts()
+        overlap = bool(cfg.partition_prefetch)
+        self.transfer_log = EventLog(self.checkpoint.path / TRANSFER_LOG.format(rank=self.rank))
         partitions = PartitionStore(
             counts,
             job.dimensions(),
@@ -437,13 +510,26 @@ class DistributedTrainer:
             shared=shared,
             pinned=job.unpartitioned(counts),
             remote=self.partition_client,
+            managed=True,
+            background=overlap,
+            deadline=TRANSFER_DEADLINE * ctx.timeout,
+            on_event=self._log_transfer,
         )
         if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
             self.state.move_to_shared_memory()
         partitions.ensure(())  # the unpartitioned (shared) tables stay resident from now on
         self.sync = SharedParameterSync(ctx, self.state, partitions)
+        releases = self.lock_client
+        if overlap:  # released from the write-back thread: its own store connection
+            releases = LockClient(
+                self._connect(), ctx.rank, ctx.timeout, ctx.layout.role(0), ctx.session
+            )
         source = LockedBucketSource(
-            self.lock_client, lambda b: frozenset.union(*side_keys(cfg, b)), partitions
+            self.lock_client,
+            lambda b: frozenset.union(*side_keys(cfg, b)),
+            partitions,
+            releases=releases,
+            lookahead=overlap,
         )
         self.bucket_source = source
         checkpoints = CooperativeCheckpoints(
@@ -455,6 +541,7 @@ class DistributedTrainer:
             self.partition_client,
             lambda: (self.net_bytes(), source.waits),
         )
+        checkpoints.costs = costs
         loop = TrainingLoop(
             job,
             self.state,
@@ -489,3 +576,5 @@ class DistributedTrainer:
         self.ctx.barrier("services-stopped")
         if self.partition_server is not None:
             self.partition_server.stop()
+        if self.transfer_log is not None:
+            self.transfer_log.close()

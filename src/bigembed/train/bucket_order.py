@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from bigembed.partition_keys import Bucket
+
+Costs = Mapping[Bucket, float]
 
 
 def _layers(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[list[Bucket]]:
@@ -50,18 +53,31 @@ def _affinity(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[Buck
     return order
 
 
-def _emit(pairs: list[tuple[int, int]], rng: random.Random) -> list[Bucket]:
-    """The buckets of unordered partition pairs, a bucket next to its transpose, in random order."""
+def _emit(
+    pairs: list[tuple[int, int]], rng: random.Random, costs: Costs | None = None
+) -> list[Bucket]:
+    """The buckets of unordered partition pairs, a bucket next to its transpose, in random order.
+
+    With ``costs``, the costliest bucket comes last (its transpose just before it): the bucket
+    trained last before the next swap is the one during which the store reads the next
+    partition ahead, so the longest one hides most of that read."""
     groups: list[list[Bucket]] = []
     for a, b in pairs:
         group: list[Bucket] = [(a, a)] if a == b else [(a, b), (b, a)]
         rng.shuffle(group)
         groups.append(group)
     rng.shuffle(groups)
+    if costs is not None and groups:
+        top = max(groups, key=lambda g: max(costs.get(b, 0.0) for b in g))
+        top.sort(key=lambda b: costs.get(b, 0.0))
+        groups.remove(top)
+        groups.append(top)
     return [b for g in groups for b in g]
 
 
-def _buffer_order(nparts: int, buffer: int, rng: random.Random) -> list[Bucket]:
+def _buffer_order(
+    nparts: int, buffer: int, rng: random.Random, costs: Costs | None = None
+) -> list[Bucket]:
     """BETA (Marius, OSDI'21): with ``buffer`` partitions in memory, fix ``buffer - 1`` of them
     and cycle every partition that still has untrained buckets with them through the last
     slot; then fix the next ``buffer - 1`` (starting with those already resident) and repeat.
@@ -87,7 +103,7 @@ def _buffer_order(nparts: int, buffer: int, rng: random.Random) -> list[Bucket]:
             (min(part, r), max(part, r)) for r in resident if (min(part, r), max(part, r)) in todo
         )
         todo.difference_update(new)
-        order.extend(_emit(new, rng))
+        order.extend(_emit(new, rng, costs))
 
     def open_parts() -> list[int]:
         return [p for p in perm if any(p in pair for pair in todo)]
@@ -109,13 +125,20 @@ def _buffer_order(nparts: int, buffer: int, rng: random.Random) -> list[Bucket]:
 
 
 def bucket_order(
-    name: str, nparts_lhs: int, nparts_rhs: int, rng: random.Random, buffer: int = 2
+    name: str,
+    nparts_lhs: int,
+    nparts_rhs: int,
+    rng: random.Random,
+    buffer: int = 2,
+    costs: Costs | None = None,
 ) -> list[Bucket]:
     """Every bucket exactly once, in the order ``name`` (random/affinity/inside_out/outside_in,
-    or ``buffer``: the fewest swaps for ``buffer`` partitions held per side)."""
+    or ``buffer``: the fewest swaps for ``buffer`` partitions held per side). ``costs`` (the
+    cost model's, ``load_balancing: cost``): with ``buffer``, among the buckets a swap brings,
+    the costliest is trained last, while the next swap's partition is read ahead."""
     if name == "buffer":
         if nparts_lhs == nparts_rhs:
-            return _buffer_order(nparts_lhs, buffer, rng)
+            return _buffer_order(nparts_lhs, buffer, rng, costs)
         name = "inside_out"  # lhs and rhs of different sizes: no shared buffer to plan for
     if name == "random":
         order = [(i, j) for i in range(nparts_lhs) for j in range(nparts_rhs)]

@@ -1,18 +1,29 @@
-"""Calibrating the cost model (:mod:`bigembed.buckets.cost`) with a tiny timing run.
+"""Calibrating the cost model (:mod:`bigembed.buckets.cost`): seconds per edge, not counts.
 
 The analytic per-edge costs count multiply-adds; on a real CPU a ``d × d`` matrix product is
-relatively cheaper than its count says and gathers relatively dearer. So before a run that
-balances by cost, each relation *signature* (operator, all_negs) is timed on a few batches of
-random edges against small random tables with the real training step, on a throwaway copy of
-the model (the job's parameters are not touched). A few batches per signature: well under a
-second for typical configs, whatever the number of relation types.
+relatively cheaper than its count says and gathers relatively dearer. Two ways to measure:
+
+* :func:`fit_from_buckets` (what the lock server uses): from the step statistics training
+  already collects, the busy seconds of each bucket trained in the first step and its edges
+  per relation *signature* (operator, all_negs), a least-squares fit of seconds per edge per
+  signature, starting from the analytic ratios. The buckets' relation mixes must differ
+  enough to tell the signatures apart (a well-conditioned fit with positive costs); otherwise
+  only the common scale is fitted and the analytic ratios are kept (logged).
+* :func:`calibrate`: a tiny timing run of each signature on a few batches of random edges
+  against small random tables with the real training step, on a throwaway copy of the model.
+  Not used by the lock server: run on rank 0 at start-up it made the allreduce strategy's first
+  gloo round time out with 2 workers per trainer (the fit above needs no extra run).
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from bigembed.buckets.batching import Batch
@@ -21,6 +32,8 @@ from bigembed.buckets.negative_settings import negative_settings
 from bigembed.config import ConfigSchema, model_spec
 from bigembed.model.scoring import ScoringModel
 from bigembed.train.step import BatchTrainer, Table
+
+logger = logging.getLogger(__name__)
 
 #: Rows of the random tables (the partition size with ``all_negs``, capped: it sets that cost).
 _ROWS = 4096
@@ -81,3 +94,51 @@ def calibrate(
     finally:
         torch.set_num_threads(threads)
     return CostModel.calibrated(per_edge)
+
+
+@dataclass(frozen=True)
+class BucketSample:
+    """One bucket trained: its edges per signature and the workers' busy seconds on it."""
+
+    edges: Mapping[Signature, float]
+    seconds: float
+
+
+#: The largest condition number of the (column-scaled) fit that is trusted per signature.
+MAX_CONDITION = 20.0
+
+
+def fit_from_buckets(prior: CostModel, samples: Iterable[BucketSample]) -> CostModel | None:
+    """Seconds per edge of each signature of ``prior`` fitted to ``samples`` (None: too few).
+
+    Fits ``seconds ≈ Σ_sig edges_sig · prior_sig · m_sig`` by least squares. When the fit is
+    ill-conditioned (every bucket has about the same mix) or gives a cost <= 0, every ``m`` is
+    the one common scale (the analytic ratios stay)."""
+    rows = [s for s in samples if s.seconds > 0 and sum(s.edges.values()) > 0]
+    sigs = sorted(prior.per_edge)
+    if len(rows) < max(2, 2 * len(sigs)):
+        return None
+    base = np.array([prior.per_edge[g] for g in sigs], dtype=np.float64)
+    a = np.array([[r.edges.get(g, 0.0) for g in sigs] for r in rows]) * base
+    y = np.array([r.seconds for r in rows])
+    scale = float(y.sum() / a.sum())
+    used = a.sum(axis=0) > 0
+    mult = np.full(len(sigs), scale)
+    if used.sum() > 1:
+        cols = a[:, used] / np.linalg.norm(a[:, used], axis=0)
+        fit, *_ = np.linalg.lstsq(a[:, used], y, rcond=None)
+        cond = float(np.linalg.cond(cols))
+        if cond <= MAX_CONDITION and (fit > 0).all():
+            mult[used] = fit
+        else:
+            logger.info(
+                "cost model: the buckets' relation mixes do not tell the signatures apart "
+                "(condition %.0f, fit %s): kept the analytic ratios, fitted the scale only",
+                cond,
+                fit.round(12).tolist(),
+            )
+    fitted = CostModel.calibrated(
+        {g: float(b * m) for g, b, m in zip(sigs, base, mult, strict=True)}
+    )
+    fitted._rel_counts = prior._rel_counts  # the buckets' relation counts, read once
+    return fitted

@@ -7,7 +7,11 @@ the write-back of the same partition (never read a partition before its write-ba
 complete) and, when the memory budget is short, after the write-backs that free its room.
 
 With ``background=False`` every job runs in the caller's thread at once (the synchronous
-behaviour of the distributed mode and of stores built without a budget).
+behaviour of stores built without a budget, or with ``partition_prefetch: false``).
+
+Every wait for a job may carry a deadline (distributed mode: a transfer whose calls are each
+bounded by ``distributed_timeout`` may still hang in something unbounded, e.g. a dead shared
+disk): :class:`TransferTimeout` then names what was waited for.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+
+class TransferTimeout(TimeoutError):
+    """A background job did not finish within the deadline its waiter gave."""
 
 
 class Job:
@@ -45,15 +53,19 @@ class Job:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def result(self) -> Any:
-        self._done.wait()
+    def failed(self) -> bool:
+        return self._done.is_set() and self._error is not None
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._done.wait(timeout):
+            raise TransferTimeout(f"not finished within {timeout:g}s")
         if self._error is not None:
             raise self._error
         return self._value
 
-    def take(self) -> Any:
+    def take(self, timeout: float | None = None) -> Any:
         """:meth:`result`, after which the job no longer holds it (a table's memory)."""
-        value = self.result()
+        value = self.result(timeout)
         self._value = None
         return value
 
@@ -75,7 +87,7 @@ class PartitionIO:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="partition-io", daemon=True)
             self._thread.start()
-        self._jobs = [j for j in self._jobs if not j.done()]
+        self._jobs = [j for j in self._jobs if not j.done() or j.failed()]
         self._jobs.append(job)
         self._queue.put(job)
         return job
@@ -88,11 +100,18 @@ class PartitionIO:
             job.run()
             del job
 
-    def drain(self) -> None:
-        """Wait for every queued job; re-raises the first error."""
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait for every queued job (each within ``timeout``); re-raises the first error."""
         jobs, self._jobs = self._jobs, []
         for job in jobs:
-            job.result()
+            job.result(timeout)
+
+    def check(self) -> None:
+        """Re-raise the error of a job that already failed (without waiting for any)."""
+        for job in self._jobs:
+            if job.failed():
+                self._jobs.remove(job)
+                job.result()
 
     def close(self) -> None:
         if self._thread is not None:

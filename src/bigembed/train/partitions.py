@@ -3,7 +3,11 @@
 Out-of-core rule: only the partitions of the current bucket (plus unpartitioned entity types,
 which every bucket needs) are resident; a partition that the next bucket also uses stays.
 Everything else lives on disk with its optimizer state. Swapped-out partitions are written as
-the in-progress version (see :mod:`bigembed.checkpoints.store`).
+the in-progress version (see :mod:`bigembed.checkpoints.store`). Three ways to decide what
+leaves memory: only the current bucket's partitions (no capacity); a capacity, with evictions
+planned from the bucket order (one machine with a memory budget); or ``managed``: the bucket
+source says what to give back (:meth:`PartitionStore.write_back`; distributed mode, where the
+lock server decides).
 
 Tables are allocated in shared memory when Hogwild workers need them. Running out of
 ``/dev/shm`` kills a process with SIGBUS (PBG's most reported crash), so the free space is
@@ -16,17 +20,17 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.errors import BigembedError, CheckpointError
+from bigembed.errors import BigembedError, CheckpointError, PeerError
 from bigembed.partition_keys import PartitionKey
-from bigembed.train.partition_io import Job, PartitionIO
+from bigembed.train.partition_io import Job, PartitionIO, TransferTimeout
 from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
@@ -84,6 +88,12 @@ class PartitionStore:
     (:meth:`plan` gives the future; without it, the least recently used). ``background``
     writes evicted partitions back and reads the next bucket's partitions in background threads
     while the current bucket trains (see :mod:`bigembed.train.partition_io`).
+
+    ``managed`` (distributed mode): :meth:`ensure` evicts nothing; the bucket source gives
+    partitions back with :meth:`write_back` (and releases their locks once written) and, with
+    ``background``, plans the next bucket (:meth:`plan`) so its partitions are read ahead.
+    ``deadline``: the longest the training thread waits for one background read or write-back
+    (None: no limit); ``on_event``: called with each event (see ``events``) as it happens.
     """
 
     def __init__(
@@ -103,6 +113,9 @@ class PartitionStore:
         capacity: int | None = None,
         background: bool = False,
         record_events: bool = False,
+        managed: bool = False,
+        deadline: float | None = None,
+        on_event: Callable[[str, PartitionKey], None] | None = None,
     ) -> None:
         self.counts = counts
         self.dims = dims
@@ -116,6 +129,9 @@ class PartitionStore:
         self.pinned = set(pinned)
         self.remote = remote
         self.capacity = capacity
+        self.managed = managed
+        self.deadline = deadline
+        self.on_event = on_event
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
@@ -157,6 +173,18 @@ class PartitionStore:
         if self.events is not None:
             with self._lock:
                 self.events.append((kind, key))
+        if self.on_event is not None:
+            self.on_event(kind, key)
+
+    def _wait(self, job: Job, take: bool = False) -> Any:
+        """A background job's result, within the deadline (a PeerError naming it if not)."""
+        try:
+            return job.take(self.deadline) if take else job.result(self.deadline)
+        except TransferTimeout:
+            raise PeerError(
+                f"a partition transfer (background read or write-back) did not finish within "
+                f"{self.deadline:g}s"
+            ) from None
 
     def _alive(self) -> int:
         """Partitioned tables in memory or about to be: resident, being read, being written."""
@@ -288,7 +316,7 @@ class PartitionStore:
         before its write-back is complete) and, if the budget is full, those that free room."""
         self._reap()
         after = [self._writing[key]] if key in self._writing else []
-        if self._alive() + 1 > self._room():
+        if self.capacity is not None and self._alive() + 1 > self._room():
             after += [j for k, j in self._writing.items() if k != key]
         return after
 
@@ -338,9 +366,40 @@ class PartitionStore:
 
     def drain(self) -> None:
         """Wait for every background read and write-back (re-raising their errors)."""
-        self._writer.drain()
-        self._reader.drain()
+        try:
+            self._writer.drain(self.deadline)
+            self._reader.drain(self.deadline)
+        except TransferTimeout:
+            raise PeerError(
+                f"background partition transfers did not finish within {self.deadline:g}s"
+            ) from None
         self._reap()
+
+    def check(self) -> None:
+        """Re-raise the error of a background job that failed (waits for nothing)."""
+        self._reap()
+        self._writer.check()
+        self._reader.check()
+
+    def write_back(
+        self, keys: Iterable[PartitionKey], then: Callable[[list[PartitionKey]], None]
+    ) -> None:
+        """Give ``keys`` back: write each resident one back (in the background with background
+        I/O) and call ``then(keys)`` once all those write-backs (and any read of them still
+        running) are complete: the lock client's release, so that nobody can read a partition
+        before its write-back is complete. Errors surface in :meth:`check` / :meth:`drain`."""
+        out = sorted(k for k in keys if k not in self.pinned)
+        after: list[Job] = []
+        for key in out:
+            reading = self._reading.pop(key, None)
+            if reading is not None:  # read ahead, then given back unused: clean, drop it
+                self._wait(reading, take=True)
+                self._count_table(key, -1)
+            if key in self.loaded:
+                self._write_back(key)
+            if key in self._writing:
+                after.append(self._writing[key])
+        self._writer.submit(partial(then, out), after)
 
     def evict(self, keep: Iterable[PartitionKey] = ()) -> list[PartitionKey]:
         """Swap out every resident partition except ``keep`` and the pinned ones, and wait for
@@ -367,10 +426,11 @@ class PartitionStore:
         """
         started = time.perf_counter()
         want = set(needed) | self.pinned
-        if self.capacity is None:
+        if self.capacity is None and not self.managed:
             self.evict(want)
         for key, job in sorted(self._reading.items()):
-            self.loaded[key] = job.take()  # read ahead for this bucket (or stale: evictable)
+            # read ahead for this bucket (or stale: evictable)
+            self.loaded[key] = self._wait(job, take=True)
         self._reading.clear()
         for key in sorted(want - set(self.loaded)):
             room = self.capacity is None or key in self.pinned or self._make_room(want)
@@ -380,7 +440,7 @@ class PartitionStore:
                     f"{len(want - self.pinned)} partitions"
                 )
             for dep in self._read_after(key):
-                dep.result()
+                self._wait(dep)
             self.loaded[key] = self._load_logged(key)
             self._note_peak()
         self.dirty |= want
@@ -398,14 +458,14 @@ class PartitionStore:
         """Start reading the next planned bucket's partitions, as far as the capacity allows
         without touching the current bucket's."""
         if (
-            self.capacity is None
+            (self.capacity is None and not self.managed)
             or not self._reader.background
             or self._cursor >= len(self._future)
         ):
             return
         upcoming = self._future[self._cursor]
         for key in sorted(upcoming - set(self.loaded) - set(self._reading)):
-            if not self._make_room(current | upcoming):
+            if self.capacity is not None and not self._make_room(current | upcoming):
                 return
             after = self._read_after(key)
             self._reading[key] = self._reader.submit(partial(self._load_logged, key), after)
