@@ -605,8 +605,10 @@ class ConfigSchema(BaseModel):
     partition_prefetch: Bool = Field(
         default=True,
         description="bigembed only: read the next bucket's partitions and write evicted ones "
-        "back in background threads while a bucket trains (single machine, when the memory "
-        "budget holds more than one bucket's partitions).",
+        "back in background threads while a bucket trains. One machine: when the memory "
+        "budget holds more than one bucket's partitions. Distributed: the lock server grants "
+        "one bucket ahead and a partition is released only once written back "
+        "(docs/distributed.md).",
     )
     communication: CommunicationSchema = Field(
         default_factory=CommunicationSchema,
