@@ -105,12 +105,18 @@ def run(args: list[str], timeout: float = 120, **kw: Any) -> subprocess.Complete
 
 
 def start_rank(
-    cfg_path: Path, rank: int, port: int, *extra: str, env: dict[str, str] | None = None
+    cfg_path: Path,
+    rank: int,
+    port: int,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    cli: list[str] = CLI,
 ) -> subprocess.Popen[str]:
-    """Rank ``rank`` of a 2-trainer run on 127.0.0.1:``port`` (``env``: default ENV)."""
+    """Rank ``rank`` of a 2-trainer run on 127.0.0.1:``port`` (``env``: default ENV; ``cli``:
+    the command line before ``train``, default ``python -m bigembed.cli``)."""
     return subprocess.Popen(
         [
-            *CLI,
+            *cli,
             "train",
             str(cfg_path),
             "--rank",

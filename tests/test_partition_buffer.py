@@ -434,36 +434,15 @@ def test_distributed_overlap_never_reads_before_write_back(tmp_path: Path, prefe
     actually happened, no partition is read before its write-back is complete. (Without, it
     runs two epochs: the lock server's costs are analytic in the first pass, then seconds
     calibrated from the first step's buckets.)"""
-    from test_dist import ENV, check_events, free_port, make_graph, read_events
+    from test_dist import check_events, free_port, make_graph, read_events, start_rank
 
     epochs = 1 if prefetch else 2
     cfg_path, cfg = make_graph(
         tmp_path, num_epochs=epochs, num_partition_servers=0, partition_prefetch=prefetch
     )
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _SLOW_RANK,
-                "train",
-                str(cfg_path),
-                "--rank",
-                str(rank),
-                "--no-progress",
-                "-p",
-                "num_machines=2",
-                "-p",
-                f"distributed_init_method=tcp://127.0.0.1:{port}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=ENV,
-        )
-        for rank in range(2)
-    ]
+    slow = [sys.executable, "-c", _SLOW_RANK]
+    procs = [start_rank(cfg_path, rank, port, cli=slow) for rank in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     ckpt = Path(cfg.checkpoint_path)
