@@ -18,6 +18,7 @@ venv exists. This module
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -66,6 +67,17 @@ for l, r in meta["buckets"]:
     edges.save_edges(l, r, EdgeList(EntityList.from_tensor(t("lhs")),
                                      EntityList.from_tensor(t("rhs")), t("rel")))
 """
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benches' PBG options: ``--pbg-venv`` and ``--no-pbg``."""
+    parser.add_argument(
+        "--pbg-venv",
+        type=Path,
+        default=DEFAULT_VENV,
+        help="PBG 1.0's venv (default .peer/pbg-venv); skipped with a line when absent",
+    )
+    parser.add_argument("--no-pbg", action="store_true", help="do not run PBG")
 
 
 def pbg_python(venv: Path) -> Path | None:

@@ -82,13 +82,7 @@ def main() -> int:
     parser.add_argument("--dimension", type=int, default=100)
     parser.add_argument("--loss", choices=["ranking", "softmax", "both"], default="both")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bigembed_sparse"))
-    parser.add_argument(
-        "--pbg-venv",
-        type=Path,
-        default=pbg_peer.DEFAULT_VENV,
-        help="PBG 1.0's venv (default .peer/pbg-venv); skipped with a line when absent",
-    )
-    parser.add_argument("--no-pbg", action="store_true", help="do not run PBG")
+    pbg_peer.add_arguments(parser)
     args = parser.parse_args()
 
     from bigembed.config import load_config

@@ -63,13 +63,7 @@ def main() -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="float32")
     parser.add_argument("--workdir", default="/tmp/bigembed_bench")
     parser.add_argument("--no-eval", action="store_true", help="skip the filtered test MRR")
-    parser.add_argument(
-        "--pbg-venv",
-        type=Path,
-        default=pbg_peer.DEFAULT_VENV,
-        help="PBG 1.0's venv (default .peer/pbg-venv); skipped with a line when absent",
-    )
-    parser.add_argument("--no-pbg", action="store_true", help="do not run PBG")
+    pbg_peer.add_arguments(parser)
     args = parser.parse_args()
 
     from bigembed.config import load_config
