@@ -98,6 +98,9 @@ def test_written_pbg_layout(tmp_path: Path) -> None:
     assert (pbg / "checkpoint_version.txt").read_text().strip() == "4"
     config = json.loads((pbg / "config.json").read_text())
     assert not set(BIGEMBED_ONLY_KEYS) & set(config)
+    from bigembed.config import BIGEMBED_ONLY_KEYS as CONFIG_ONLY
+
+    assert not {k for k in CONFIG_ONLY if "." not in k} & set(config)  # e.g. memory_budget
     assert config["entity_path"] == str(ent)
     assert json.loads((ent / "entity_names_user_1.json").read_text()) == ["cé", "dan", "eve"]
     assert (ent / "entity_count_user_1.txt").read_text().strip() == "3"
