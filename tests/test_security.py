@@ -36,7 +36,7 @@ from bigembed.distributed.rpc import RpcClient, RpcServer
 from bigembed.distributed.store import StoreAddress
 from bigembed.errors import ConfigError, PeerError
 from synthetic import graph_config, write_graph
-from test_dist import start_rank
+from test_dist import free_port, start_rank
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CLI = [sys.executable, "-m", "bigembed.cli"]
@@ -305,12 +305,6 @@ def _graph(root: Path, timeout: float) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(cfg: Path, rank: int, port: int, env: dict[str, str], *extra: str):
     return start_rank(cfg, rank, port, *extra, env=env)
 
@@ -332,7 +326,7 @@ def test_stranger_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)
     secret_file.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     rank0 = _rank(cfg, 0, port, {**ENV, "BIGEMBED_SECRET": SECRET})
     try:
         store = _connect(port)
@@ -366,7 +360,7 @@ def test_stranger_is_refused_and_the_run_completes(tmp_path: Path) -> None:
 
 def test_wrong_or_missing_secret_is_refused(tmp_path: Path) -> None:
     cfg = _graph(tmp_path, timeout=5.0)  # rank 0 waits 5 x 5 s: slow starts under load
-    port = _free_port()
+    port = free_port()
     rank0 = _rank(cfg, 0, port, {**ENV, "BIGEMBED_SECRET": SECRET})
     _connect(port).wait(["auth/mode"], timedelta(seconds=60))
     missing = _rank(cfg, 1, port, ENV)
