@@ -49,6 +49,7 @@ def test_tune_runs_trials_writes_best_config_and_resumes(tmp_path, capsys) -> No
     code, out, err = _run(capsys, "tune", str(config), "-o", str(out_dir), "--n-trials", "2")
     assert code == 0, err
     assert "trial 0 (1/2): dimension=" in out and "validation after epoch 1" in out
+    assert "edge/s" in err  # each trial's training draws its progress bars
     assert "2 trial(s) (2 run now)" in out
     rows = _results(out_dir)
     assert [r["trial"] for r in rows] == ["0", "1"]
@@ -63,9 +64,10 @@ def test_tune_runs_trials_writes_best_config_and_resumes(tmp_path, capsys) -> No
     assert best.early_stopping is not None
     assert (out_dir / f"trial_{best_row['trial']}" / "model" / "best" / "best.json").exists()
     # resumed: the two finished trials are kept, one more runs
-    code, out, err = _run(capsys, "tune", str(config), "-o", str(out_dir))
+    code, out, err = _run(capsys, "tune", str(config), "-o", str(out_dir), "--no-progress")
     assert code == 0, err
     assert "3 trial(s) (1 run now)" in out
+    assert "edge/s" not in err
     assert [r["trial"] for r in _results(out_dir)] == ["0", "1", "2"]
     # and the best config trains
     code, out, err = _run(

@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, type=Path, help="directory of the study and its trials"
     )
     p.add_argument("--n-trials", type=int, help="trials in all (default: tune.n_trials)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars inside trials")
     p.set_defaults(func=run)
 
 
@@ -60,7 +61,14 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.n_trials is not None and args.n_trials < 1:
         raise OutputError(f"--n-trials {args.n_trials}: must be at least 1")
-    tuner = Tuner(cfg, out, source=args.config, report=tqdm.write, n_trials=args.n_trials)
+    tuner = Tuner(
+        cfg,
+        out,
+        source=args.config,
+        report=tqdm.write,
+        n_trials=args.n_trials,
+        progress=not args.no_progress,
+    )
     with writing(out, "tune directory"):
         out.mkdir(parents=True, exist_ok=True)
         if read_marker(out) is None:

@@ -129,6 +129,7 @@ class Tuner:
         source: str = "<config>",
         report: Callable[[str], None] | None = None,
         n_trials: int | None = None,
+        progress: bool = False,
     ) -> None:
         if cfg.tune is None:
             raise ConfigError(
@@ -149,6 +150,7 @@ class Tuner:
         self.source = source
         self.report = report or (lambda line: None)
         self.n_trials = n_trials if n_trials is not None else self.tune.n_trials
+        self.progress = progress  # each trial's training and evaluation progress bars
         self.base = config_to_dict(cfg)
         self.base["tune"] = None
         for key, spec in self.tune.params.items():
@@ -271,7 +273,7 @@ class Tuner:
         def report(line: str) -> None:
             self.report(f"  trial {trial.number}: {line}")
 
-        train_model(cfg, progress=False, report=report, on_evaluation=on_evaluation)
+        train_model(cfg, progress=self.progress, report=report, on_evaluation=on_evaluation)
         store = CheckpointStore(cfg.checkpoint_path)
         evaluations = store.read_validation()
         trial.set_user_attr("epochs", int(evaluations[-1]["epoch"]) if evaluations else 0)
