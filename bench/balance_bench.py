@@ -20,7 +20,7 @@ starting workers and touching every partition) it reports:
   (waiting for the slowest worker), max over workers;
 * I/O wait: time waiting for a bucket's partitions and edges to be loaded, as a part of the
   step time (mean over trainers); part. wait: of which waiting for partition reads and
-  write-backs alone (the step record's ``io_wait_seconds``; one machine only);
+  write-backs alone (the step record's ``io_wait_seconds``, summed over trainers);
 * speedup: PBG's epoch time / the cost model's, same configuration and repeat;
 * CPU use: CPU seconds of the whole run (all its processes) / (wall seconds x CPUs): near
   100% the machine is saturated and no schedule can shorten the epochs, only move the waiting.
@@ -200,7 +200,7 @@ def run_one(
         "rank_idle_max": float(np.max(rank_idle)),
         "worker_idle_max": float(np.max(worker_idle)),
         "io_wait": float(np.mean(io_wait)),
-        "part_wait": (  # not in a distributed step's merged record
+        "part_wait": (  # a distributed step's record sums its trainers' waits
             sum(s.io_wait_seconds or 0.0 for s in steps) / step_s / len(trainers)
             if all(s.io_wait_seconds is not None for s in steps)
             else None

@@ -12,9 +12,12 @@ The cgroup's ``failcnt``, ``max_usage_in_bytes`` and OOM-kill count are reported
 fails if the limit killed it. Without root, run it under ``systemd-run --scope -p
 MemoryMax=2.5G`` instead (and read the peak from this report's /proc figures).
 
-    python bench/ooc_bench.py /tmp/ooc/config.yaml --limit 2.5G -p memory_budget=2.5GB \\
-        -p bucket_order=buffer
+    python bench/ooc_bench.py /tmp/ooc/config.yaml --limit 2.5G -p memory_budget=1.8GB \\
+        -p partition_prefetch=false -p bucket_order=buffer
     python bench/ooc_bench.py /tmp/ooc_small/config.yaml       # a graph that fits in memory
+
+A budget equal to the limit, with read-ahead, was OOM-killed: keep one partition of headroom
+(docs/training.md, "Memory model").
 """
 
 from __future__ import annotations
@@ -66,11 +69,19 @@ def _rollup(pid: int) -> tuple[int, int]:
 
 
 class TreeSampler:
-    """Peak of the summed RSS and PSS of a process tree (PSS counts shared tables once)."""
+    """Peak of the summed RSS and PSS of a process tree (PSS counts shared tables once).
 
-    def __init__(self, pid: int) -> None:
+    With a cgroup it also keeps the peak of the cgroup's anonymous memory plus shared memory
+    (``rss + shmem`` of ``memory.stat``: what the kernel cannot reclaim without swap, each page
+    counted once), the figure to compare with the memory model; the page cache the cgroup also
+    charges is reclaimable and left out.
+    """
+
+    def __init__(self, pid: int, group: Cgroup | None = None) -> None:
         self.pid = pid
-        self.peak_rss = self.peak_pss = 0
+        self.group = group
+        self.peak_rss = self.peak_pss = self.peak_unreclaimable = 0
+        self.at_peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -82,6 +93,13 @@ class TreeSampler:
                 r, p = _rollup(pid)
                 rss, pss = rss + r, pss + p
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            if self.group is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stat = self.group.stat()
+                    held = stat["rss"] + stat["shmem"]
+                    if held > self.peak_unreclaimable:
+                        self.peak_unreclaimable = held
+                        self.at_peak = {k: stat[k] for k in ("rss", "shmem", "cache")}
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -112,6 +130,11 @@ class Cgroup:
 
     def read(self, name: str) -> str:
         return (self.path / name).read_text().strip()
+
+    def stat(self) -> dict[str, int]:
+        return {
+            k: int(v) for k, v in (line.split() for line in self.read("memory.stat").splitlines())
+        }
 
     def figures(self) -> dict[str, int]:
         oom = dict(line.split() for line in self.read("memory.oom_control").splitlines())
@@ -150,6 +173,9 @@ def main() -> int:
     parser.add_argument("-p", "--param", action="append", default=[], help="config override")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--progress", action="store_true", help="show the trainer's progress bar (stderr)"
+    )
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -162,17 +188,20 @@ def main() -> int:
     shutil.rmtree(ckpt, ignore_errors=True)
     overrides = [x for p in args.param for x in ("-p", p)]
     argv = [sys.executable, "-m", "bigembed.cli", "train", str(args.config), *overrides]
-    argv.append("--no-progress")
+    if not args.progress:
+        argv.append("--no-progress")
     group = Cgroup(_units(args.limit)) if args.limit else None
     started = time.perf_counter()
     proc = subprocess.Popen(argv, preexec_fn=group.join if group else None)
-    sampler = TreeSampler(proc.pid)
+    sampler = TreeSampler(proc.pid, group)
     code = proc.wait()
     wall = time.perf_counter() - started
     sampler.stop()
     figures: dict[str, object] = {"command": " ".join(argv), "exit": code, "wall_s": round(wall)}
     if group is not None:
         figures["cgroup"] = group.figures()
+        figures["cgroup_peak_rss_plus_shmem"] = sampler.peak_unreclaimable
+        figures["cgroup_stat_at_that_peak"] = sampler.at_peak
         group.remove()
     figures["peak_tree_rss"] = sampler.peak_rss
     figures["peak_tree_pss"] = sampler.peak_pss

@@ -210,11 +210,18 @@ def test_stats_record_json_form_is_the_file_form(data: dict) -> None:
 
 def test_merge_step_logs_adds_counts_and_weights_means() -> None:
     bucket = BucketRecord.from_json(_bucket_json())
-    a = StepLog([bucket], StepRecord.from_json(_step_json(30, 1.0, 2.0, net_bytes=5, lock_waits=1)))
+    a = StepLog(
+        [bucket],
+        StepRecord.from_json(
+            _step_json(30, 1.0, 2.0, net_bytes=5, lock_waits=1, io_wait_seconds=0.25)
+        ),
+    )
     b = StepLog(
         [bucket, bucket],
         StepRecord.from_json(
-            _step_json(10, 3.0, 4.0, net_bytes=7, lock_waits=0, eval_stats_after=EVAL)
+            _step_json(
+                10, 3.0, 4.0, net_bytes=7, lock_waits=0, eval_stats_after=EVAL, io_wait_seconds=0.5
+            )
         ),
     )
     merged = merge_step_logs([a, b])
@@ -223,10 +230,13 @@ def test_merge_step_logs_adds_counts_and_weights_means() -> None:
     assert step["seconds"] == 4.0 and step["edges_per_sec"] == 10.0
     assert (step["io_bytes_read"], step["net_bytes"], step["lock_waits"]) == (200, 12, 1)
     assert step["trainers"] == 2
+    assert step["io_wait_seconds"] == 0.75, "the trainers' partition I/O waits are summed"
     assert step["eval_stats_after"] == {**EVAL, "count": 4}
     assert "eval_stats_before" not in step
     assert [r.trainer for r in merged.buckets] == [0, 1, 1]
     assert a.buckets[0].trainer is None, "the trainers' own logs are left as they were"
+    plain = StepLog([], StepRecord.from_json(_step_json(10, 1.0, 1.0)))
+    assert merge_step_logs([plain, plain]).step.io_wait_seconds is None, "no wait recorded"
 
 
 def test_training_log_reads_what_a_commit_wrote(tmp_path: Path) -> None:

@@ -286,9 +286,11 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
     """One log of a distributed step from every trainer's (``parts[r]`` is trainer ``r``'s).
 
     Bucket records are kept, tagged with their trainer; the step record adds edges, bytes and
-    waits, takes the slowest trainer's time and count-weights the means.
+    waits (``io_wait_seconds`` too: the sum over trainers, so divide by ``trainers`` for the
+    mean), takes the slowest trainer's time and count-weights the means.
     """
     steps = [p.step for p in parts]
+    waits = [s.io_wait_seconds for s in steps if s.io_wait_seconds is not None]
 
     def total(key: str) -> int:
         return sum(getattr(s, key) or 0 for s in steps)
@@ -304,6 +306,7 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         net_bytes=total("net_bytes"),
         lock_waits=total("lock_waits"),
         trainers=len(parts),
+        io_wait_seconds=sum(waits) if waits else None,
     )
     buckets = [replace(b, trainer=r) for r, p in enumerate(parts) for b in p.buckets]
     return StepLog(buckets, step)
