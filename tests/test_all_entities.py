@@ -206,10 +206,11 @@ def test_recipes_load() -> None:
     from bigembed.config import load_config, model_spec
 
     examples = Path(__file__).resolve().parents[1] / "examples"
-    for name in ("codexm", "wordnet_like", "social_graph", "user_item", "fb15k237_1vsall"):
+    names = ("codexm", "wordnet_like", "social_graph", "user_item", "fb15k237_1vsall")
+    for name in (*names, "fb15k237_kvsall", "codexm_kvsall"):
         cfg = load_config(examples / f"{name}.yaml")
         one_vs_all = all(r.all_negs for r in model_spec(cfg, 3).relations)
-        assert one_vs_all == (cfg.train_type == "1vsall"), name
+        assert one_vs_all == (cfg.train_type in ("1vsall", "kvsall")), name
     assert load_config(examples / "wordnet_like.yaml").train_type == "1vsall"
 
 

@@ -383,7 +383,8 @@ def test_batch_plan_covers_every_edge_once(dynamic: bool) -> None:
     order, plan = batch_plan(rel, 100, dynamic, np.random.default_rng(1))
     rows = torch.arange(2345)
     seen = []
-    for begin, end, ridx in plan:
+    for begin, end, ridx, side in plan:
+        assert side == 0, "both sides of every edge"
         sel = rows[begin:end] if order is None else order[begin:end]
         assert 0 < end - begin <= 100
         if not dynamic:
@@ -392,7 +393,7 @@ def test_batch_plan_covers_every_edge_once(dynamic: bool) -> None:
     assert sorted(torch.cat(seen).tolist()) == list(range(2345))
     # make_batches walks the same plan (PBG's order for one worker is unchanged)
     walked = list(make_batches(rows, rows, rel, None, 100, dynamic, np.random.default_rng(1)))
-    assert [len(b) for b in walked] == [int(e - b) for b, e, _ in plan]
+    assert [len(b) for b in walked] == [int(e - b) for b, e, _, _ in plan]
 
 
 def _take_all(queue: BatchQueue, n: int, out: Any) -> None:

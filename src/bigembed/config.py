@@ -67,7 +67,15 @@ from bigembed.model.spec import ModelSpec, RelationSpec
 logger = logging.getLogger(__name__)
 
 #: ``train_type`` values (lower case; matched case-insensitively, ``1vsAll`` as LibKGE writes it).
-TRAIN_TYPES: tuple[str, ...] = ("negative_sampling", "1vsall")
+TRAIN_TYPES: tuple[str, ...] = ("negative_sampling", "1vsall", "kvsall")
+#: The ``train_type`` values that score every entity of a type (all_negs on every relation).
+ALL_ENTITY_TRAIN_TYPES = ("1vsall", "kvsall")
+#: How the docs (and LibKGE) write each ``train_type``.
+TRAIN_TYPE_NAMES = {
+    "negative_sampling": "negative_sampling",
+    "1vsall": "1vsAll",
+    "kvsall": "KvsAll",
+}
 
 __all__ = [
     "ConfigSchema",
@@ -587,7 +595,10 @@ class ConfigSchema(BaseModel):
         description="bigembed only: negative_sampling (PBG's batch and uniform negatives) or "
         "1vsAll (LibKGE's name, case-insensitive): each edge's corrupted sides are scored "
         "against every entity of their type, softmax over all of them (all_negs on every "
-        "relation); needs entity types of one partition.",
+        "relation); needs entity types of one partition. KvsAll: the same loss computed "
+        "once per distinct query (h, r, ?) / (?, r, t) of a batch, every true answer of its "
+        "edges a positive (batches of one side, edges grouped by query: ~3.6x fewer products "
+        "on FB15k-237); needs dynamic_relations, loss_fn softmax and comparator dot or cos.",
     )
     distributed_timeout: Float = Field(
         default=60.0,
@@ -708,17 +719,31 @@ def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
             "global_emb: global embeddings are not supported with dynamic_relations: true; "
             "set global_emb: false"
         )
-    if cfg.train_type == "1vsall":
+    if cfg.train_type == "kvsall":
+        needs = {
+            "dynamic_relations": cfg.dynamic_relations,
+            "loss_fn": cfg.loss_fn == "softmax",
+            "comparator": cfg.comparator in ("dot", "cos"),
+        }
+        for key, ok in needs.items():
+            if not ok:
+                problems.append(
+                    f"{key}: train_type: KvsAll needs dynamic_relations: true, loss_fn: softmax "
+                    f"and comparator: dot or cos (got {key}: {getattr(cfg, key)}); use "
+                    f"train_type: 1vsAll otherwise"
+                )
+                return problems
+    if cfg.train_type in ALL_ENTITY_TRAIN_TYPES:
         for i, rel in enumerate(cfg.relations):
             for side in ("lhs", "rhs"):
                 etype = getattr(rel, side)
                 parts = cfg.entities[etype].num_partitions
                 if parts > 1:
                     problems.append(
-                        f"train_type: 1vsAll scores every entity of a type and needs entity "
-                        f"types of one partition, but relations[{i}].{side} type {etype!r} has "
-                        f"num_partitions: {parts}; set it to 1 or use train_type: "
-                        f"negative_sampling"
+                        f"train_type: {TRAIN_TYPE_NAMES[cfg.train_type]} scores every entity "
+                        f"of a type and needs entity types of one partition, but "
+                        f"relations[{i}].{side} type {etype!r} has num_partitions: {parts}; "
+                        f"set it to 1 or use train_type: negative_sampling"
                     )
                     return problems
     if cfg.disable_lhs_negs and cfg.disable_rhs_negs:
@@ -843,7 +868,7 @@ def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
                 rhs=r.rhs,
                 operator=r.operator,
                 weight=r.weight,
-                all_negs=r.all_negs or cfg.train_type == "1vsall",
+                all_negs=r.all_negs or cfg.train_type in ALL_ENTITY_TRAIN_TYPES,
             )
             for r in cfg.relations
         ),

@@ -12,7 +12,7 @@ from torch import Tensor
 from bigembed.model.scoring import NegativeSettings, SideEmbeddings
 
 
-def _gather(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool = True) -> Tensor:
+def gather_rows(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool = True) -> Tensor:
     """Copy rows out of ``table`` as a leaf tensor.
 
     With ``max_norm`` the rows are renormalised in place first (the semantics of an embedding
@@ -37,14 +37,14 @@ def gather_side(
 ) -> tuple[SideEmbeddings, Tensor | None]:
     """Gather a side's positives (rows ``idx`` of the partition's embeddings ``emb``) and its
     negatives; returns them and the uniform draw's indices."""
-    pos = _gather(emb, idx, max_norm, grad)
+    pos = gather_rows(emb, idx, max_norm, grad)
     n = emb.shape[0]
     groups = negs.uniform_groups(idx.shape[0])
     uniform = uidx = whole = None
     if all_negs:
-        whole = _gather(emb, torch.arange(n), max_norm, grad)
+        whole = gather_rows(emb, torch.arange(n), max_norm, grad)
     elif groups > 0:
         uidx = torch.randint(n, (groups * negs.num_uniform_negs,), generator=gen)
-        uniform = _gather(emb, uidx, max_norm, False).view(groups, negs.num_uniform_negs, -1)
+        uniform = gather_rows(emb, uidx, max_norm, False).view(groups, negs.num_uniform_negs, -1)
         uniform.requires_grad_(grad)
     return SideEmbeddings(pos, idx, uniform, whole), uidx

@@ -91,6 +91,22 @@ class BatchScores:
         return count(self.lhs_pos, self.lhs_neg), count(self.rhs_pos, self.rhs_neg)
 
 
+@dataclass
+class QueryBatch:
+    """A batch of grouped queries of one side (``train_type: KvsAll``): the edges of the batch
+    and their distinct queries ``(given entity, relation)``."""
+
+    side: str  # the predicted (corrupted) side: "rhs" for tail queries, "lhs" for head queries
+    given: Tensor  # (Q, D) rows of the distinct queries' given entities
+    query_rel: Tensor  # (Q,) relation of each distinct query
+    whole: Tensor  # (N, D) every row of the predicted side's partition: the candidates
+    targets: Tensor  # (B, D) rows of each edge's true entity (for the N3 terms)
+    target_idx: Tensor  # (B,) offset of each edge's true entity in the partition
+    query_of_edge: Tensor  # (B,) the distinct query (row of ``given``) of each edge
+    rel: Tensor  # (B,) relation of each edge
+    weight: Tensor | None  # (B,) edge weights
+
+
 def _operator(operators: nn.ModuleList, idx: int) -> Operator:
     """``operators[idx]``: the lists hold only operators (made by ``make_operator``), which
     ``nn.ModuleList`` indexing, typed ``Module``, cannot say."""
@@ -340,3 +356,41 @@ class ScoringModel(nn.Module):
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
         loss = loss * float(rspec.weight)
         return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)
+
+    def query_loss(self, queries: QueryBatch) -> BatchScores:
+        """The 1-vs-all softmax loss of a batch of grouped queries (``train_type: KvsAll``,
+        dynamic relations only): every distinct query of one side scored once against all
+        candidates, each of its edges' true entities a positive.
+
+        Loss, gradients and N3 terms are those of the per-edge 1-vs-all path restricted to the
+        queries' side (:meth:`forward` with the other side disabled), summed over the batch's
+        edges: the anchor term of the regulariser counts once per edge.
+        """
+        if not self.dynamic or not self.all_entities_kernel:
+            raise ValueError("grouped queries need dynamic relations, softmax and dot or cos")
+        rspec = self.relation_spec(0)
+        cmp = self.comparator
+        # Tail queries (h, r, ?) use the lhs operators, head queries (?, r, t) the rhs ones.
+        if queries.side == "rhs":
+            op, given_type, target_type = self.lhs_operator(), rspec.lhs, rspec.rhs
+        else:
+            op, given_type, target_type = self.rhs_operator(0), rspec.rhs, rspec.lhs
+        anchors = cmp.prepare(op(self._adjust(queries.given, given_type), queries.query_rel))
+        candidates = cmp.prepare(self._adjust(queries.whole, target_type))
+        loss, violators = all_entity_softmax_loss(
+            anchors,
+            candidates,
+            queries.target_idx,
+            queries.weight,
+            self.compute_dtype,
+            rows=queries.query_of_edge,
+        )
+        loss = loss * float(rspec.weight)
+        per_edge_anchors = anchors.index_select(0, queries.query_of_edge)
+        targets = cmp.prepare(self._adjust(queries.targets, target_type))
+        reg = self._reg(op, targets, per_edge_anchors, queries.rel, 1)
+        pos = cmp.pos(targets.detach(), per_edge_anchors.detach())
+        none = pos.new_zeros(0)
+        if queries.side == "rhs":
+            return BatchScores(loss, reg, none, [], pos, [], (0, violators))
+        return BatchScores(loss, reg, pos, [], none, [], (violators, 0))

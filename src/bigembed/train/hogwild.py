@@ -79,6 +79,7 @@ class WorkerSetup:
     batch_size: int
     dynamic: bool
     gate: BatchGate | None = None  # passed before every batch (synchronous strategies)
+    group_queries: bool = False  # train_type: KvsAll (see bigembed.buckets.batching)
 
 
 class BatchQueue:
@@ -107,7 +108,14 @@ def _even_share(setup: WorkerSetup, task: BucketTask, rng: np.random.Generator) 
     sel = slice(task.start, task.end)
     weight = None if task.weight is None else task.weight[sel]
     return make_batches(
-        task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
+        task.lhs[sel],
+        task.rhs[sel],
+        task.rel[sel],
+        weight,
+        setup.batch_size,
+        setup.dynamic,
+        rng,
+        setup.group_queries,
     )
 
 
@@ -269,7 +277,11 @@ class HogwildPool:
         plan: np.ndarray | None = None
         if self._batches is not None:
             order, plan = batch_plan(
-                rel, self.setup.batch_size, self.setup.dynamic, np.random.default_rng(seed)
+                rel,
+                self.setup.batch_size,
+                self.setup.dynamic,
+                np.random.default_rng(seed),
+                (lhs, rhs) if self.setup.group_queries else None,
             )
             if order is not None:  # put the edges in plan order: batches become slices
                 lhs, rhs, rel = lhs[order], rhs[order], rel[order]

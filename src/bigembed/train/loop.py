@@ -172,6 +172,7 @@ class TrainingLoop:
             cfg.batch_size,
             cfg.dynamic_relations,
             self.gate,
+            group_queries=cfg.train_type == "kvsall",
         )
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
         started = time.perf_counter()

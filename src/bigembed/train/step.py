@@ -8,8 +8,14 @@ import torch
 from torch import Tensor
 
 from bigembed.buckets.batching import Batch
-from bigembed.buckets.gather import gather_side
-from bigembed.model.scoring import BatchScores, NegativeSettings, ScoringModel, SideEmbeddings
+from bigembed.buckets.gather import gather_rows, gather_side
+from bigembed.model.scoring import (
+    BatchScores,
+    NegativeSettings,
+    QueryBatch,
+    ScoringModel,
+    SideEmbeddings,
+)
 from bigembed.train.all_rows import all_rows_adagrad_update, whole_table_gradient
 from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
 
@@ -60,6 +66,8 @@ class BatchTrainer:
         self.max_norm = model.spec.max_norm
 
     def step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
+        if batch.side != "both":
+            return self._query_step(batch, lhs, rhs)
         model = self.model
         rcfg = model.relation_spec(batch.relation_idx)
         all_negs = bool(rcfg.all_negs)
@@ -103,6 +111,49 @@ class BatchTrainer:
                 row_adagrad_update(rhs.emb, rhs.state, rhs_updates, self.lr)
         dense_adagrad_update(self.params, self.model_states, self.relation_lr)
         return self._stats(scores, batch)
+
+    def _query_step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
+        """A batch of edges that all train the query of one side (``train_type: KvsAll``): the
+        edges sharing a query ``(given entity, relation)`` share one anchor and score row."""
+        side = batch.side
+        given_idx, target_idx = (batch.lhs, batch.rhs) if side == "rhs" else (batch.rhs, batch.lhs)
+        given_tab, target_tab = (lhs, rhs) if side == "rhs" else (rhs, lhs)
+        nrel = self.model.num_relations
+        keys, query_of_edge = torch.unique(given_idx * nrel + batch.rel, return_inverse=True)
+        query_given = torch.div(keys, nrel, rounding_mode="floor")
+        queries = QueryBatch(
+            side,
+            gather_rows(given_tab.emb, query_given, self.max_norm),
+            keys - query_given * nrel,
+            gather_rows(target_tab.emb, torch.arange(target_tab.emb.shape[0]), self.max_norm),
+            gather_rows(target_tab.emb, target_idx, self.max_norm),
+            target_idx,
+            query_of_edge,
+            batch.rel,
+            batch.weight,
+        )
+        scores = self.model.query_loss(queries)
+        (scores.loss + scores.reg).backward()
+        with torch.no_grad():
+            whole = queries.whole.grad
+            assert whole is not None
+            if queries.targets.grad is not None:
+                whole.index_add_(0, target_idx, queries.targets.grad)
+            given_grad = queries.given.grad
+            if given_tab.emb is target_tab.emb:
+                if given_grad is not None:
+                    whole.index_add_(0, query_given, given_grad)
+            elif given_grad is not None:
+                row_adagrad_update(
+                    given_tab.emb, given_tab.state, [(query_given, given_grad)], self.lr
+                )
+            all_rows_adagrad_update(target_tab.emb, target_tab.state, whole, self.lr)
+        dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+        stats = self._stats(scores, batch)
+        # Every edge is in one tail-query batch and one head-query batch per epoch: it counts
+        # as trained in its tail-query batch.
+        stats.count = len(batch) if side == "rhs" else 0
+        return stats
 
     def _update_all_rows(
         self, lhs: Table, rhs: Table, lhs_side: SideEmbeddings, rhs_side: SideEmbeddings
