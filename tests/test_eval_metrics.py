@@ -101,3 +101,25 @@ def test_fast_ranks_and_auc_equal_the_definitions_bit_for_bit() -> None:
     assert torch.equal(auc, want_auc)
     assert torch.equal(ranks_from_scores(pos, blocks), want_ranks)
     assert torch.equal(auc_from_scores(pos, torch.cat(blocks, 1)), want_auc)
+
+
+@pytest.mark.parametrize("num", [12, 10])  # whole chunks (in-place diagonal), a padded chunk
+def test_scoring_only_batch_negatives_and_hinge_equal_the_differentiable_path(num: int) -> None:
+    """Evaluation (no gradient) masks each row's own batch negative and sums the ranking hinge
+    in place: the same values, bit for bit, as the differentiable path training takes."""
+    from bigembed.model.comparators import DotComparator
+    from bigembed.model.losses import ranking_loss
+    from bigembed.model.negatives import batch_negative_scores
+
+    gen = torch.Generator().manual_seed(5)
+    anchors, src = torch.randn(num, 6, generator=gen), torch.randn(num, 6, generator=gen)
+    pos = torch.randn(num, generator=gen)
+    cmp = DotComparator()
+    with torch.no_grad():
+        fast = batch_negative_scores(cmp, anchors, src, 4, torch.float32)
+        fast_loss = ranking_loss(pos, [fast, fast * 0.5], None, 0.1)
+    leaf = anchors.clone().requires_grad_(True)
+    slow = batch_negative_scores(cmp, leaf, src, 4, torch.float32)
+    slow_loss = ranking_loss(pos, [slow, slow * 0.5], None, 0.1)
+    assert torch.equal(fast, slow.detach())
+    assert torch.equal(fast_loss, slow_loss.detach())
