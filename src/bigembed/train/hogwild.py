@@ -1,7 +1,9 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the shuffled edges, trains its part of them, and reports stats. How
+shared-memory tables and the number of edges to read from the pool's shared edge buffer (which
+the pool fills with the shuffled edges between buckets, see :mod:`bigembed.train.shared_edges`),
+trains its part of them, and reports stats. How
 the edges are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
