@@ -6,7 +6,7 @@ Instead the pool keeps one ``(3, capacity)`` int64 array (lhs, rhs, rel rows) an
 bucket has weights, a ``(capacity,)`` float32 array, in shared memory; each bucket's edges are
 copied into its first ``n`` columns (in the order the workers will read them) and the workers
 read those columns as views. A worker receives the arrays once (and again only when a larger
-bucket replaced them, see :attr:`SharedEdges.generation`), so a bucket's task carries only
+bucket replaced them, see :attr:`EdgeArrays.generation`), so a bucket's task carries only
 ``n``.
 
 The pool writes the buffer only between buckets, while every worker is idle (it has replied
