@@ -1,9 +1,7 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the number of edges to read from the pool's shared edge buffer (which
-the pool fills with the shuffled edges between buckets, see :mod:`bigembed.train.shared_edges`),
-trains its part of them, and reports stats. How
+shared-memory tables and the shuffled edges, trains its part of them, and reports stats. How
 the edges are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
@@ -45,15 +43,10 @@ from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
 from bigembed.train.batch_gate import BatchGate
 from bigembed.train.malloc_tuning import keep_freed_memory
-from bigembed.train.shared_edges import EdgeArrays, SharedEdges
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_guard import worker_entry
 
 logger = logging.getLogger(__name__)
-
-
-Edges = tuple[Tensor, Tensor, Tensor, Tensor | None]
-"""(lhs, rhs, rel, weight) of a bucket's edges."""
 
 
 @dataclass
@@ -62,9 +55,10 @@ class BucketTask:
 
     tables: dict[PartitionKey, Table]
     sides: list[tuple[PartitionKey, PartitionKey]]  # per relation idx: (lhs table, rhs table)
-    # (lhs, rhs, rel, weight); None in a task sent to a worker, which reads its first ``n``
-    # edges from the pool's shared arrays (see bigembed.train.shared_edges)
-    edges: Edges | None
+    lhs: Tensor
+    rhs: Tensor
+    rel: Tensor
+    weight: Tensor | None
     start: int
     end: int
     seed: int
@@ -73,14 +67,6 @@ class BucketTask:
     # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
     # array sent by value (one more shared-memory tensor per task costs more than it).
     plan: np.ndarray | None = None
-    n: int = 0
-    weighted: bool = False
-    # The pool's shared edge arrays, sent only with a worker's first task of a generation.
-    arrays: EdgeArrays | None = None
-
-    def edge_tensors(self) -> Edges:
-        assert self.edges is not None, "a task's edges are attached before it runs"
-        return self.edges
 
 
 @dataclass
@@ -119,17 +105,17 @@ class BatchQueue:
 
 def _even_share(setup: WorkerSetup, task: BucketTask, rng: np.random.Generator) -> Iterator[Batch]:
     sel = slice(task.start, task.end)
-    lhs, rhs, rel, w = task.edge_tensors()
-    weight = None if w is None else w[sel]
-    return make_batches(lhs[sel], rhs[sel], rel[sel], weight, setup.batch_size, setup.dynamic, rng)
+    weight = None if task.weight is None else task.weight[sel]
+    return make_batches(
+        task.lhs[sel], task.rhs[sel], task.rel[sel], weight, setup.batch_size, setup.dynamic, rng
+    )
 
 
 def _stolen(task: BucketTask, batches: BatchQueue) -> Iterator[Batch]:
     assert task.plan is not None
     n = int(task.plan.shape[0])
-    lhs, rhs, rel, weight = task.edge_tensors()
     while (k := batches.take()) < n:
-        yield planned_batch(lhs, rhs, rel, weight, None, task.plan[k])
+        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, task.plan[k])
 
 
 def run_task(
@@ -189,16 +175,10 @@ def worker_main(
         board[rank, 0] += edges
         board[rank, 1] += loss
 
-    arrays: EdgeArrays | None = None  # the pool's shared edge arrays, kept across buckets
     while True:
         task = tasks.get()
         if task is None:
             return
-        if task.arrays is not None:
-            arrays, task.arrays = task.arrays, None
-        if task.edges is None:
-            assert arrays is not None, "the pool sends its edge arrays with the first task"
-            task.edges = arrays.view(task.n, task.weighted)
         reply: tuple[int, str, StepStats | str]  # (rank, "ok", stats) or (rank, "error", text)
         started = time.perf_counter()
         try:
@@ -227,8 +207,6 @@ class HogwildPool:
         self.last_busy: list[float] = []  # per worker: seconds busy in the last run()
         self._procs: list[BaseProcess] = []
         self._batches: BatchQueue | None = None
-        self._edges = SharedEdges()
-        self._sent_generation = [0] * workers  # the edge arrays' generation each worker holds
         if workers > 1:
             ctx = mp.get_context("spawn")
             self.board.share_memory_()
@@ -282,37 +260,38 @@ class HogwildPool:
                 self.board[0, 1] += loss
                 on_wait()
 
-            task = BucketTask(tables, sides, (lhs, rhs, rel, weight), 0, n, seed)
+            task = BucketTask(tables, sides, lhs, rhs, rel, weight, 0, n, seed)
             started = time.perf_counter()
             stats = run_task(self.setup, task, self._trainer, progress)
             self.board[0, BUSY] += time.perf_counter() - started
             self.last_busy = [float(self.board[0, BUSY]) - busy_before[0]]
             return stats
         plan: np.ndarray | None = None
-        order: Tensor | None = None
         if self._batches is not None:
             order, plan = batch_plan(
                 rel, self.setup.batch_size, self.setup.dynamic, np.random.default_rng(seed)
             )
+            if order is not None:  # put the edges in plan order: batches become slices
+                lhs, rhs, rel = lhs[order], rhs[order], rel[order]
+                weight = None if weight is None else weight[order]
             self._batches.reset()
-        # Into the shared arrays, in plan order (batches become slices); every worker is idle.
-        arrays = self._edges.fill(lhs, rhs, rel, weight, order)
+        for t in (lhs, rhs, rel, weight):
+            if t is not None:
+                t.share_memory_()  # in place: the tasks pickle handles to shared memory
         for rank in range(self.workers):
-            fresh = self._sent_generation[rank] != arrays.generation
-            self._sent_generation[rank] = arrays.generation
             self._tasks[rank].put(
                 BucketTask(
                     tables,
                     sides,
-                    None,
+                    lhs,
+                    rhs,
+                    rel,
+                    weight,
                     int(bounds[rank]),
                     int(bounds[rank + 1]),
                     seed * 1000 + rank,
                     stagger if rank > 0 else 0.0,
                     plan,
-                    n,
-                    weight is not None,
-                    arrays if fresh else None,
                 )
             )
         total = StepStats()
