@@ -167,6 +167,7 @@ class PbgRun:
     wall: float  # the whole torchbiggraph_train process
     epoch_seconds: list[float] = field(default_factory=list)
     epoch_edges: list[int] = field(default_factory=list)
+    epoch_end: list[float] = field(default_factory=list)  # seconds from start to "Finished"
 
     def steady_eps(self) -> float:
         """edges/s over epochs 2+ (epoch 1 if it is the only one)."""
@@ -213,6 +214,7 @@ def train(py: Path, config: dict[str, Any], workdir: Path, log: Path) -> PbgRun:
             elif m := _FINISH.search(line):
                 run.epoch_seconds.append(now - started[int(m[1])])
                 run.epoch_edges.append(edges)
+                run.epoch_end.append(now - t0)
     run.wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"PBG failed (exit {proc.returncode}); its log: {log}")

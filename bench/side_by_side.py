@@ -122,3 +122,35 @@ def print_table(title: list[str], rows: list[Row], pbg_eps: dict[str, float]) ->
             f"| {r.mode} | {r.epochs} | {r.s_per_epoch:.1f} | {r.wall:.1f} | {r.eps:,.0f} | "
             f"{r.gflops:.0f} | {r.of_peak:.0%} | {quality} | {ratio} |"
         )
+
+
+def epoch_breakdown(ckpt: Path) -> str:
+    """Where bigembed's steady-state epoch time goes, from the per-bucket timing of its training
+    log (epochs 2+): loading buckets, the workers' busy time (mean over workers), the pool's
+    idle time (the workers' wall time less their mean busy time: dispatch, start-up, the last
+    batches' imbalance), the withheld-edge eval and the observers (the rest of each bucket),
+    and the step's own work outside buckets (saving the checkpoint)."""
+    from bigembed.checkpoints.store import CheckpointStore
+    from bigembed.train.records import read_training_log
+
+    log = read_training_log(CheckpointStore(ckpt))
+    steps = log.steps[1:] if len(log.steps) > 1 else log.steps
+    parts = {"load": 0.0, "workers busy": 0.0, "pool idle": 0.0, "eval + observers": 0.0}
+    total = outside = 0.0
+    for step in steps:
+        total += step.seconds
+        buckets = log.buckets_of(step.at.version)
+        outside += step.seconds - sum(b.seconds for b in buckets)
+        for b in buckets:
+            if b.timing is None:
+                continue
+            t = b.timing
+            busy = sum(t.worker_seconds) / max(len(t.worker_seconds), 1)
+            parts["load"] += t.load_seconds
+            parts["workers busy"] += busy
+            parts["pool idle"] += t.train_seconds - busy
+            parts["eval + observers"] += b.seconds - t.load_seconds - t.train_seconds
+    parts["step outside buckets"] = outside
+    n = max(len(steps), 1)
+    body = ", ".join(f"{k} {v / n:.2f} s ({v / max(total, 1e-9):.0%})" for k, v in parts.items())
+    return f"epoch {total / n:.2f} s = {body}"

@@ -30,6 +30,7 @@ from side_by_side import (
     ROOT,
     Row,
     bigembed_epochs,
+    epoch_breakdown,
     flop_per_edge,
     print_table,
     run_pbg,
@@ -101,6 +102,7 @@ def main() -> int:
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
     rows: list[Row] = []
     ratios: dict[str, float] = {}
+    breakdowns: list[str] = []
     for loss in ["ranking", "softmax"] if args.loss == "both" else [args.loss]:
         ckpt = work / f"model_{loss}"
         overrides = [f"num_epochs={args.epochs}", f"loss_fn={loss}", f"checkpoint_path={ckpt}"]
@@ -109,6 +111,7 @@ def main() -> int:
         s_epoch, eps = steady(*bigembed_epochs(ckpt))
         gflops = eps * flop_per_edge(cfg) / 1e9
         row = Row(f"bigembed {loss}", args.epochs, s_epoch, wall, eps, gflops, gflops / peak32[0])
+        breakdowns.append(f"bigembed {loss}: {epoch_breakdown(ckpt)}")
         pbg_row = None
         if not args.no_pbg:
             done = run_pbg(args.pbg_venv, cfg, work / "entities", work / "edges", work / loss)
@@ -136,6 +139,10 @@ def main() -> int:
         peaks_line(peak32, peak16),
     ]
     print_table(title, rows, ratios)
+    print()
+    print("Where a steady-state epoch goes (the training log's per-bucket timing):")
+    for line in breakdowns:
+        print(line)
     return 0
 
 

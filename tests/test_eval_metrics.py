@@ -61,3 +61,65 @@ def test_known_edges_are_deduplicated_and_indexed_both_ways() -> None:
     assert rows.tolist() == [0, 0, 1] and tails.tolist() == [5, 6, 5]
     rows, heads = known.true_heads(np.array([5]), np.array([0]))
     assert rows.tolist() == [0, 0] and heads.tolist() == [0, 1]
+
+
+def _reference_ranks_auc(pos: torch.Tensor, blocks: list[torch.Tensor]):
+    """The definitions, the slow way: bool masks summed per row."""
+    from bigembed.model.negatives import MASKED
+
+    ranks = torch.ones(pos.shape[0], dtype=torch.long)
+    below, valid = torch.zeros(pos.shape[0]), torch.zeros(pos.shape[0])
+    p = pos.unsqueeze(1)
+    for b in blocks:
+        ranks += torch.count_nonzero(b >= p, dim=1)
+        ok = b > MASKED / 2
+        below += ((b < p) & ok).sum(dim=1)
+        valid += ok.sum(dim=1)
+    return ranks, below / valid.clamp_min(1)
+
+
+def test_fast_ranks_and_auc_equal_the_definitions_bit_for_bit() -> None:
+    """Ties (scores drawn from a few values), masked negatives, a masked positive and a NaN
+    positive, negatives in two blocks: the two-pass counting gives the same ranks and the same
+    AUC bits as the bool-mask definitions."""
+    from bigembed.buckets.metrics import auc_from_scores, ranks_and_auc
+    from bigembed.model.negatives import MASKED
+
+    gen = torch.Generator().manual_seed(3)
+    b, n1, n2 = 64, 37, 50
+    values = torch.tensor([-1.0, 0.0, 0.25, 0.5, 1.0])
+    pos = values[torch.randint(5, (b,), generator=gen)]
+    blocks = [values[torch.randint(5, (b, n), generator=gen)] for n in (n1, n2)]
+    for blk in blocks:
+        blk[torch.rand(blk.shape, generator=gen) < 0.1] = MASKED
+    pos[3] = MASKED
+    pos[5] = float("nan")
+    blocks[0][7, :] = MASKED  # a row with nothing to rank against
+    ranks, auc = ranks_and_auc(pos, blocks)
+    want_ranks, want_auc = _reference_ranks_auc(pos, blocks)
+    assert torch.equal(ranks, want_ranks)
+    assert torch.equal(auc, want_auc)
+    assert torch.equal(ranks_from_scores(pos, blocks), want_ranks)
+    assert torch.equal(auc_from_scores(pos, torch.cat(blocks, 1)), want_auc)
+
+
+@pytest.mark.parametrize("num", [12, 10])  # whole chunks (in-place diagonal), a padded chunk
+def test_scoring_only_batch_negatives_and_hinge_equal_the_differentiable_path(num: int) -> None:
+    """Evaluation (no gradient) masks each row's own batch negative and sums the ranking hinge
+    in place: the same values, bit for bit, as the differentiable path training takes."""
+    from bigembed.model.comparators import DotComparator
+    from bigembed.model.losses import ranking_loss
+    from bigembed.model.negatives import batch_negative_scores
+
+    gen = torch.Generator().manual_seed(5)
+    anchors, src = torch.randn(num, 6, generator=gen), torch.randn(num, 6, generator=gen)
+    pos = torch.randn(num, generator=gen)
+    cmp = DotComparator()
+    with torch.no_grad():
+        fast = batch_negative_scores(cmp, anchors, src, 4, torch.float32)
+        fast_loss = ranking_loss(pos, [fast, fast * 0.5], None, 0.1)
+    leaf = anchors.clone().requires_grad_(True)
+    slow = batch_negative_scores(cmp, leaf, src, 4, torch.float32)
+    slow_loss = ranking_loss(pos, [slow, slow * 0.5], None, 0.1)
+    assert torch.equal(fast, slow.detach())
+    assert torch.equal(fast_loss, slow_loss.detach())

@@ -511,3 +511,28 @@ def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
     else:
         assert per_worker == [n / 2, n / 2]
     assert len(pool.last_busy) == 2
+
+
+def test_bucket_timing_leaves_the_eval_before_the_bucket_out_of_the_workers_time(
+    tmp_path: Path,
+) -> None:
+    """``train_seconds`` is the workers' wall time: an observer that spends 0.3 s before each
+    bucket (as the withheld-edge eval does) shows in the bucket's time, not in it."""
+    import time
+
+    from bigembed.train.loop import Trainer
+    from bigembed.train.observers import BucketWork, Observer
+
+    class Slow(Observer):
+        def bucket_started(self, work: BucketWork) -> None:
+            time.sleep(0.3)
+
+    root = tmp_path / "g"
+    write_graph(root, num_entities=100, num_edges=400, num_partitions=2, seed=1)
+    cfg = graph_config(root, num_partitions=2, num_epochs=1, workers=1, eval_fraction=0.0)
+    Trainer(cfg, progress=False, observers=[Slow()]).train()
+    lines = (root / "model" / "training_stats.json").read_text().splitlines()
+    buckets = [r for r in map(json.loads, lines) if r["type"] == "bucket"]
+    assert len(buckets) == 4
+    for b in buckets:
+        assert b["seconds"] - b["load_seconds"] - b["train_seconds"] >= 0.3, b

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch, make_batches
 from bigembed.buckets.gather import gather_side
-from bigembed.buckets.metrics import RankingSums, auc_from_scores, ranks_from_scores
+from bigembed.buckets.metrics import RankingSums, ranks_and_auc
 from bigembed.model.scoring import BatchScores, NegativeSettings, ScoringModel
 from bigembed.partition_keys import BucketSides, PartitionKey
 
@@ -103,5 +103,5 @@ def evaluate_edges(
             (scores.rhs_pos, scores.rhs_neg, not negs.disable_rhs),
         ):
             if enabled:
-                sums.add_ranks(ranks_from_scores(pos, neg), auc_from_scores(pos, neg))
+                sums.add_ranks(*ranks_and_auc(pos, neg))
     return sums

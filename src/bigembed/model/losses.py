@@ -54,7 +54,13 @@ def ranking_loss(
     if pos.numel() == 0 or not blocks:
         return _zero(pos)
     threshold = (pos - margin).unsqueeze(-1)
-    per_positive = _add_all((b - threshold).clamp_min(0).sum(-1) for b in blocks)
+
+    def hinge(b: Tensor) -> Tensor:
+        d = b - threshold
+        # In place when nothing is differentiated (evaluation): one block allocation less.
+        return (d.clamp_min(0) if d.requires_grad else d.clamp_min_(0)).sum(-1)
+
+    per_positive = _add_all(hinge(b) for b in blocks)
     return _weighted_sum(per_positive, weight)
 
 

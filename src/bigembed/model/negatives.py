@@ -58,6 +58,12 @@ def batch_negative_scores(
     # Slicing is not free under autograd (its backward allocates and copies): only when padded.
     if padded != num:
         scores = scores[:num]
+    elif not scores.requires_grad:
+        # Scoring only (evaluation): each row's own positive is the diagonal of its chunk's
+        # block; filling it in place touches B entries instead of building a (B, chunk) mask
+        # and copying the whole block. Same values as the masked_fill below.
+        scores.view(chunks, chunk_size, chunk_size).diagonal(dim1=1, dim2=2).fill_(MASKED)
+        return scores
     return scores.masked_fill(batch_negative_mask(num, chunk_size), MASKED)
 
 

@@ -224,6 +224,7 @@ class TrainingLoop:
             work, train_edges = self._load_bucket(it, bucket)
             loaded = time.perf_counter()
             observers.bucket_started(work)
+            started = time.perf_counter()  # the eval before the bucket is not the workers' time
             stats = pool.run(
                 work.tables,
                 work.sides,
@@ -235,7 +236,7 @@ class TrainingLoop:
             trained = time.perf_counter()
             totals.add(stats)
             record = BucketRecord(_position(it), *bucket, len(records), _edge_stats(stats))
-            record.timing = BucketTiming(loaded - bt, trained - loaded, pool.last_busy)
+            record.timing = BucketTiming(loaded - bt, trained - started, pool.last_busy)
             observers.bucket_finished(work, record)
             record.seconds = time.perf_counter() - bt
             records.append(record)
