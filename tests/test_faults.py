@@ -357,3 +357,28 @@ def test_forged_abort_is_named_as_such_with_a_secret(tmp_path: Path) -> None:
     assert [p.returncode != 0 for p in procs] == [True, True]
     for out in outs:
         _one_error(out, "somebody else wrote an abort", "not signed with the run's secret")
+
+
+def test_a_failed_rank_prints_its_error_once_when_threads_fail_together() -> None:
+    """The watchdog's verdict and the main thread's failed call (waiting for that verdict in
+    ``fail``) both end the run: one ends the process, the others wait, one line is printed
+    (test_sigstop_of_rank0_stops_everybody once saw the line three times)."""
+    from bigembed.distributed.context import DistContext
+
+    ctx = DistContext.__new__(DistContext)  # only the shutdown path
+    ctx.timeout, ctx.watchdog, ctx.store = 1.0, None, None
+    ctx._ending = threading.Lock()
+    ended: list[str] = []
+
+    def end(message: str) -> None:  # stands for printing the line and os._exit
+        time.sleep(0.2)
+        ended.append(message)
+
+    ctx._exit = end
+    threads = [
+        threading.Thread(target=ctx.on_fatal, args=(f"failure {i}",), daemon=True) for i in range(3)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    assert len(ended) == 1, ended

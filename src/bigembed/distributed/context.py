@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -106,6 +107,7 @@ class DistContext:
         self.address = StoreAddress.parse(cfg.distributed_init_method)
         self.command = command
         self._exit = on_fatal or (lambda message: exit_now(message, command))
+        self._ending = threading.Lock()  # held by the one thread that ends a failed run
         self.raw_store: dist.Store | None = None
         self.store: dist.Store | None = None  # namespaced, for this (main) thread
         self.watchdog: Watchdog | None = None
@@ -456,7 +458,12 @@ class DistContext:
     def on_fatal(self, message: str) -> None:
         """The end of a failed rank: leave (see :meth:`_leave`), print one line, exit non-zero.
 
-        Leaving is bounded: on a dead connection its store calls would never return."""
+        Leaving is bounded: on a dead connection its store calls would never return. Several
+        threads can get here at once (the watchdog's verdict, and the main thread's failed call
+        waiting for it in :meth:`fail`): the first ends the process, the others wait for that
+        end, so the error is printed once."""
+        if not self._ending.acquire(blocking=False):
+            threading.Event().wait()  # never set: the first caller exits the process
         wait_s = min(self.timeout, 3.0)
         if self.watchdog is None or not self.watchdog.store_lost:
             best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
