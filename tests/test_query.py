@@ -163,6 +163,17 @@ def test_import_bigembed_stays_cheap() -> None:
     assert out.stdout.split() == ["False", "True"]
 
 
+def test_the_launcher_does_not_import_torch() -> None:
+    """``bigembed launch`` only starts and watches its ranks: importing torch there would cost
+    every launch ~2 s of CPU for nothing."""
+    code = (
+        "import sys; from bigembed.commands.launch_ranks import launch, resolve; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]
+
+
 @pytest.mark.parametrize("k", [0, -1, 2.5, True, "3", None])
 def test_k_must_be_a_positive_integer(ring, k) -> None:
     _, edges, model = ring

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,10 +28,18 @@ from typing import IO
 
 from bigembed.config import ConfigSchema, load_config
 from bigembed.config_loading import apply_overrides, normalize_keys, read_config_file
-from bigembed.distributed.store import free_port
 from bigembed.errors import ConfigError
 
 GRACE_S = 5.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now: the rendezvous of a launch without
+    ``distributed_init_method``. Here, not in the store module, so that the launcher, which only
+    starts and watches processes, does not import torch (1.8 s of CPU per launch)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -357,10 +357,3 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError as exc:
             return exc.errno != errno.EADDRINUSE
     return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (for ``bigembed launch``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
