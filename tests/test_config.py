@@ -173,6 +173,7 @@ PBG_DEFAULTS = {
     "memory_budget": None,
     "partition_prefetch": True,
     "load_balancing": "cost",
+    "relation_init_scale": None,  # None: PBG's identity start of the operators
 }
 
 

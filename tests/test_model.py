@@ -304,3 +304,79 @@ def test_dynamic_reg_params_sum_counts_each_edge(name: str) -> None:
     )
     whole = op.reg_params(None).pow(3).sum()
     assert float(op.reg_params_sum(None).detach()) == pytest.approx(float(whole.detach()), rel=1e-6)
+
+
+def _relation_spec(scale: float | None, seed: int = 0, dynamic: bool = True) -> ModelSpec:
+    ops = ("diagonal", "complex_diagonal", "translation", "linear")
+    relations = (
+        (RelationSpec("a", "a", "complex_diagonal"),)
+        if dynamic
+        else tuple(RelationSpec("a", "a", op) for op in ops)
+    )
+    return ModelSpec(
+        relations=relations,
+        entity_dims={"a": 8},
+        comparator="dot",
+        loss="softmax",
+        global_emb=False,
+        dynamic_relations=dynamic,
+        num_dynamic_relations=5,
+        relation_init_scale=scale,
+        seed=seed,
+    )
+
+
+def test_operators_start_as_the_identity_by_default() -> None:
+    """relation_init_scale null keeps PBG's start: every operator leaves x unchanged."""
+    from bigembed.model.scoring import ScoringModel
+
+    x = torch.randn(3, 8)
+    for dynamic in (True, False):
+        model = ScoringModel(_relation_spec(None, dynamic=dynamic))
+        for op in (*model.lhs_operators, *model.rhs_operators):
+            rel = torch.tensor([0, 4, 2]) if dynamic else None
+            assert torch.equal(op(x, rel), x), type(op).__name__
+
+
+def test_random_relation_init_is_seeded_and_scaled() -> None:
+    """relation_init_scale draws every operator parameter from N(0, scale^2): reproducible
+    from the seed (every process building the model gets the same operators), different per
+    seed, different between the two directions of a dynamic relation."""
+    from bigembed.model.scoring import ScoringModel
+
+    for dynamic in (True, False):
+        one, same = (ScoringModel(_relation_spec(0.5, 7, dynamic)) for _ in range(2))
+        other = ScoringModel(_relation_spec(0.5, 8, dynamic))
+        params = list(one.parameters())
+        assert params
+        for a, b, c in zip(params, same.parameters(), other.parameters(), strict=True):
+            assert torch.equal(a, b) and not torch.equal(a, c)
+        flat = torch.cat([p.detach().flatten() for p in params])
+        assert abs(float(flat.mean())) < 0.1
+        assert float(flat.std()) == pytest.approx(0.5, rel=0.2)
+    model = ScoringModel(_relation_spec(1e-3, 0))
+    lhs, rhs = model.lhs_operators[0], model.rhs_operators[0]
+    assert not torch.equal(lhs.real, rhs.real)
+    assert float(lhs.real.abs().max()) < 1e-2
+
+
+def test_relation_init_scale_config() -> None:
+    """The key reaches the model spec with the seed; zero or negative is refused in one line."""
+    from bigembed.config import model_spec, parse_config_dict
+    from bigembed.errors import ConfigError
+
+    base = {
+        "entities": {"a": {"num_partitions": 1}},
+        "relations": [{"name": "r", "lhs": "a", "rhs": "a", "operator": "diagonal"}],
+        "dimension": 4,
+        "entity_path": "e",
+        "edge_paths": ["p"],
+        "checkpoint_path": "c",
+    }
+    assert model_spec(parse_config_dict(base)).relation_init_scale is None
+    spec = model_spec(parse_config_dict({**base, "relation_init_scale": 0.01, "seed": 3}))
+    assert (spec.relation_init_scale, spec.seed) == (0.01, 3)
+    for bad in (0, -1.0, "big"):
+        with pytest.raises(ConfigError, match="relation_init_scale") as info:
+            parse_config_dict({**base, "relation_init_scale": bad}, "x.yaml")
+        assert "\n" not in str(info.value)

@@ -160,6 +160,7 @@ BIGEMBED_ONLY_KEYS = (
     "tune.pruner",
     "tune.startup_trials",
     "load_balancing",
+    "relation_init_scale",
 )
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -493,6 +494,15 @@ class ConfigSchema(BaseModel):
         default=None,
         ge=0,
         description="Adagrad learning rate of relation parameters; null = lr.",
+    )
+    relation_init_scale: Float | None = Field(
+        default=None,
+        gt=0,
+        description="bigembed only: null = PBG's initialization of relation operators (the "
+        "identity: diagonal 1, complex_diagonal 1 + 0i, linear I, translation 0); a number = "
+        "every operator parameter drawn from N(0, scale^2), reproducible from seed (as "
+        "ComplEx-N3 and LibKGE start; with softmax over all entities the identity makes each "
+        "query entity its own best answer at the start: docs/choosing_a_model.md).",
     )
 
     # ---- eval during training
@@ -883,6 +893,8 @@ def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
         max_norm=cfg.max_norm,
         regularization_coef=cfg.regularization_coef,
         compute_dtype=cfg.compute_dtype,
+        relation_init_scale=cfg.relation_init_scale,
+        seed=cfg.seed,
     )
 
 

@@ -38,6 +38,13 @@ class Operator(nn.Module):
     def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def randomize_(self, scale: float, generator: torch.Generator) -> None:
+        """Redraw every parameter from N(0, scale^2) instead of the identity the constructor
+        sets (``relation_init_scale``): the operators ComplEx-N3 and LibKGE start from."""
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator).mul_(scale))
+
     def reg_embeddings_sum(self, x: Tensor) -> Tensor:
         """Σ of the cubed magnitudes the N3 regulariser penalises (complex operators: modulus)."""
         return _CubedAbsSum.apply(x)
@@ -233,10 +240,21 @@ OPERATORS: dict[str, type[Operator]] = dict(
 )
 
 
-def make_operator(name: str, dim: int, num_relations: int | None = None) -> Operator:
-    """Instantiate the operator called ``name`` (a key of :data:`OPERATORS`)."""
+def make_operator(
+    name: str,
+    dim: int,
+    num_relations: int | None = None,
+    init_scale: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Operator:
+    """Instantiate the operator called ``name`` (a key of :data:`OPERATORS`): the identity
+    transform (PBG's initialization), or with ``init_scale`` random parameters drawn from
+    ``generator`` (:meth:`Operator.randomize_`)."""
     try:
         cls = OPERATORS[name]
     except KeyError:
         raise ValueError(f"unknown operator {name!r} (known: {', '.join(OPERATORS)})") from None
-    return cls(dim, num_relations)
+    op = cls(dim, num_relations)
+    if init_scale is not None:
+        op.randomize_(init_scale, generator if generator is not None else torch.Generator())
+    return op

@@ -141,18 +141,26 @@ class ScoringModel(nn.Module):
             raise ValueError(
                 f"unknown compute dtype {spec.compute_dtype!r} (known: {known})"
             ) from None
+        # One generator for every operator, in construction order: the same seed gives the
+        # same operators in every process that builds the model (Hogwild, distributed ranks).
+        init = spec.relation_init_scale
+        gen = torch.Generator().manual_seed(spec.seed) if init is not None else None
         if self.dynamic:
             (rel,) = spec.relations
+            n = self.num_relations
             self.lhs_operators = nn.ModuleList(
-                [make_operator(rel.operator, spec.dimension(rel.lhs), self.num_relations)]
+                [make_operator(rel.operator, spec.dimension(rel.lhs), n, init, gen)]
             )
             self.rhs_operators = nn.ModuleList(
-                [make_operator(rel.operator, spec.dimension(rel.rhs), self.num_relations)]
+                [make_operator(rel.operator, spec.dimension(rel.rhs), n, init, gen)]
             )
         else:
             self.lhs_operators = nn.ModuleList()
             self.rhs_operators = nn.ModuleList(
-                [make_operator(r.operator, spec.dimension(r.rhs)) for r in spec.relations]
+                [
+                    make_operator(r.operator, spec.dimension(r.rhs), None, init, gen)
+                    for r in spec.relations
+                ]
             )
         self.global_embs = nn.ParameterDict()
         if spec.global_emb:

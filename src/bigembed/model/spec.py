@@ -47,6 +47,9 @@ class ModelSpec:
     max_norm: float | None = None  # embedding rows are renormalised to this norm when gathered
     regularization_coef: float = 0.0  # weight of the N3 regulariser (0 = off)
     compute_dtype: str = "float32"  # a name of COMPUTE_DTYPES: dtype of the scoring matmuls
+    # None: operators start as the identity (PBG); a number: their parameters start N(0, s^2)
+    relation_init_scale: float | None = None
+    seed: int = 0  # seeds the random operator initialization (relation_init_scale)
 
     @property
     def num_relations(self) -> int:
