@@ -11,6 +11,7 @@ from bigembed.model import all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
+from stepkit import fresh_tables, fresh_trainer
 
 
 def _naive(a: torch.Tensor, c: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None):
@@ -248,7 +249,7 @@ def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -
     over every row id and the positives would; and repeated steps lower the loss."""
     from bigembed.buckets.batching import Batch
     from bigembed.train.optimizers import row_adagrad_update
-    from bigembed.train.step import BatchTrainer, Table
+    from bigembed.train.step import BatchTrainer
 
     rhs_type = "e" if shared else "f"
     spec = ModelSpec(
@@ -258,7 +259,6 @@ def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -
         loss="softmax",
         global_emb=False,
     )
-    negs = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)
     torch.manual_seed(4)
     emb_l = torch.randn(9, 6) * 0.1
     emb_r = emb_l if shared else torch.randn(11, 6) * 0.1
@@ -270,16 +270,8 @@ def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -
         None,
     )
 
-    def trainer() -> BatchTrainer:
-        torch.manual_seed(5)
-        model = ScoringModel(spec)
-        states = [torch.zeros_like(p) for p in model.parameters()]
-        return BatchTrainer(model, states, negs, 0.1, 0.1, torch.Generator().manual_seed(0))
-
-    def tables() -> tuple[Table, Table]:
-        lhs = Table(emb_l.clone(), torch.zeros(9))
-        rhs = lhs if shared else Table(emb_r.clone(), torch.zeros(emb_r.shape[0]))
-        return lhs, rhs
+    trainer = fresh_trainer(spec)
+    tables = fresh_tables(emb_l, emb_r, shared)
 
     def sparse(self, lhs, rhs, lhs_side, rhs_side) -> None:  # type: ignore[no-untyped-def]
         for table, sides in (

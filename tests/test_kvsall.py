@@ -16,6 +16,7 @@ from bigembed.model import all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.scoring import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
+from stepkit import fresh_tables, fresh_trainer
 from synthetic import graph_config, write_graph
 
 
@@ -223,7 +224,6 @@ def test_query_step_updates_rows_as_sparse_row_adagrad_would(shared: bool) -> No
     duplicates summed) would; the relation parameters move."""
     from bigembed.buckets.batching import Batch
     from bigembed.train.optimizers import row_adagrad_update
-    from bigembed.train.step import BatchTrainer, Table
 
     rhs_type = "e" if shared else "f"
     spec = ModelSpec(
@@ -236,7 +236,6 @@ def test_query_step_updates_rows_as_sparse_row_adagrad_would(shared: bool) -> No
         dynamic_relations=True,
         num_dynamic_relations=3,
     )
-    negs = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)
     torch.manual_seed(4)
     emb_l = torch.randn(5, 6) * 0.3
     emb_r = emb_l if shared else torch.randn(7, 6) * 0.3
@@ -244,16 +243,8 @@ def test_query_step_updates_rows_as_sparse_row_adagrad_would(shared: bool) -> No
     lidx, ridx = torch.randint(5, (n,)), torch.randint(emb_r.shape[0], (n,))
     rel = torch.randint(3, (n,))
 
-    def trainer() -> BatchTrainer:
-        torch.manual_seed(5)
-        model = ScoringModel(spec)
-        states = [torch.zeros_like(p) for p in model.parameters()]
-        return BatchTrainer(model, states, negs, 0.1, 0.1, torch.Generator().manual_seed(0))
-
-    def tables() -> tuple[Table, Table]:
-        lhs = Table(emb_l.clone(), torch.zeros(5))
-        rhs = lhs if shared else Table(emb_r.clone(), torch.zeros(emb_r.shape[0]))
-        return lhs, rhs
+    trainer = fresh_trainer(spec)
+    tables = fresh_tables(emb_l, emb_r, shared)
 
     for side in ("rhs", "lhs"):
         lhs, rhs = tables()

@@ -1,0 +1,41 @@
+"""Fresh trainers and tables for the tests that compare one BatchTrainer.step against a
+reference update computed by hand (test_all_entities, test_kvsall)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model.spec import ModelSpec
+from bigembed.train.step import BatchTrainer, Table
+
+#: no sampled negatives: the steps under test score against every entity
+NO_NEGATIVES = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)
+
+
+def fresh_trainer(spec: ModelSpec) -> Callable[[], BatchTrainer]:
+    """Each call: the same model (seed 5), zero Adagrad states, lr 0.1 for rows and relations."""
+
+    def make() -> BatchTrainer:
+        torch.manual_seed(5)
+        model = ScoringModel(spec)
+        states = [torch.zeros_like(p) for p in model.parameters()]
+        return BatchTrainer(model, states, NO_NEGATIVES, 0.1, 0.1, torch.Generator().manual_seed(0))
+
+    return make
+
+
+def fresh_tables(
+    emb_l: torch.Tensor, emb_r: torch.Tensor, shared: bool
+) -> Callable[[], tuple[Table, Table]]:
+    """Each call: copies of the two tables with zero Adagrad states (``shared``: one table is
+    both sides)."""
+
+    def make() -> tuple[Table, Table]:
+        lhs = Table(emb_l.clone(), torch.zeros(emb_l.shape[0]))
+        rhs = lhs if shared else Table(emb_r.clone(), torch.zeros(emb_r.shape[0]))
+        return lhs, rhs
+
+    return make
