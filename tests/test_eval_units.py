@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from bigembed.buckets.metrics import RankingSums, ranks_and_auc
+from bigembed.buckets.metrics import RankingSums
 from bigembed.buckets.sampled_ranking import (
     evaluate_edges,
     merge_units,
@@ -20,6 +20,7 @@ from bigembed.buckets.sampled_ranking import (
     score_batches,
 )
 from bigembed.config import model_spec, parse_config_dict
+from bigembed.model.negatives import MASKED
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.train.step import Table
 
@@ -97,8 +98,21 @@ def _general(model, tables, lhs, rhs, rel, weight, negs, batch_size, seed) -> Ra
             (s.rhs_pos, s.rhs_neg, not negs.disable_rhs),
         ):
             if on:
-                sums.add_ranks(*ranks_and_auc(pos, neg))
+                sums.add_ranks(*_ranks_and_auc(pos, neg))
     return sums
+
+
+def _ranks_and_auc(pos, blocks):
+    """The definitions: rank = 1 + unmasked negatives scoring >= the positive; AUC = the
+    fraction of unmasked negatives scoring below it."""
+    p = pos.unsqueeze(1)
+    at_least = below = valid = torch.zeros(pos.shape[0], dtype=torch.long)
+    for b in blocks:
+        ok = b > MASKED / 2
+        at_least = at_least + ((b >= p) & ok).sum(1)
+        below = below + ((b < p) & ok).sum(1)
+        valid = valid + ok.sum(1)
+    return at_least + 1, below.float() / valid.float().clamp_min(1)
 
 
 def _assert_same(got: RankingSums, want: RankingSums) -> None:
@@ -134,17 +148,19 @@ def test_eval_units_report_what_the_general_computation_reports(
 
 
 def test_scores_as_low_as_a_mask_are_counted_one_by_one() -> None:
-    """A row scaled by -1e10 scores below the mask threshold against some anchors: the unmasked
-    count known from the masks alone must not be used (those negatives are not valid ones)."""
+    """A negative scaled by -1e10 scores below the mask threshold against some anchors: the
+    unmasked count known from the masks alone must not be used (those are not valid ones)."""
     model = _model("dot", "ranking", False)
     tables = _tables()
-    for t in tables.values():
-        t.emb[3] *= -1e10
+    # Row 20 is never a positive (edges use rows 0-16), only a uniform draw: its scores are
+    # about +-1e10, some of them below the mask threshold.
+    tables[("n", 0)].emb[20] *= -1e10
     lhs, rhs, rel, weight = _edges(80)
     negs = NegativeSettings(20, 15, 40)
     want = _general(model, tables, lhs, rhs, rel, weight, negs, 40, 3)
     got = evaluate_edges(model, tables, SIDES, lhs, rhs, rel, weight, negs, 40, 3)
     _assert_same(got, want)
+    assert want.auc_sum < want.count  # some negatives rank below some positives
 
 
 @pytest.mark.parametrize("steal", [True, False])

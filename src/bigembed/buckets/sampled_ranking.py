@@ -4,6 +4,11 @@ Both the withheld-edge eval of training (PBG's ``eval_fraction``) and the ``samp
 of ``bigembed eval`` (what ``torchbiggraph_eval`` reports) cut a bucket's edges into batches as
 training does and score each positive against the negatives training would use. The batch size
 is rounded up to a multiple of ``num_batch_negs`` so every batch-negative chunk is full.
+
+The withheld-edge eval is planned first (:func:`plan_eval`: batches and uniform draws) and cut
+into independent *units*, one corrupted side of one batch each (:func:`eval_unit`), so that
+training's Hogwild workers can rank them; :func:`merge_units` adds their results in the order
+ranking the batches one by one would, so the sums do not depend on where the units ran.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from bigembed.model.scoring import (
     Corruption,
     NegativeSettings,
     ScoringModel,
-    SideEmbeddings,
 )
 from bigembed.partition_keys import BucketSides, PartitionKey
 
@@ -53,45 +57,6 @@ class ScoredBatch:
     rhs_uniform: Tensor | None
 
 
-@dataclass
-class GatheredBatch:
-    batch: Batch
-    lhs: SideEmbeddings
-    rhs: SideEmbeddings
-    all_negs: bool  # the batch's relation ranks against all entities of the partition
-    lhs_uniform: Tensor | None  # indices of the uniform negatives drawn for the lhs side
-    rhs_uniform: Tensor | None
-
-
-def gathered_batches(
-    model: ScoringModel,
-    embeddings: Callable[[PartitionKey], Tensor],
-    sides: BucketSides,
-    lhs: Tensor,
-    rhs: Tensor,
-    rel: Tensor,
-    weight: Tensor | None,
-    negs: NegativeSettings,
-    batch_size: int,
-    gen: torch.Generator,
-    rng: np.random.Generator,
-) -> Iterator[GatheredBatch]:
-    """Batches of one bucket's edges (offsets in its partitions) with their rows gathered.
-
-    ``embeddings`` gives a partition's embedding table; ``gen`` draws the uniform negatives and
-    ``rng`` the relation order of the batches.
-    """
-    batches = make_batches(
-        lhs, rhs, rel, weight, eval_batch_size(batch_size, negs), model.dynamic, rng
-    )
-    for batch in batches:
-        lhs_key, rhs_key = sides[batch.relation_idx]
-        all_negs = bool(model.relation_spec(batch.relation_idx).all_negs)
-        ls, luni = gather_side(embeddings(lhs_key), batch.lhs, negs, all_negs, gen, None, False)
-        rs, runi = gather_side(embeddings(rhs_key), batch.rhs, negs, all_negs, gen, None, False)
-        yield GatheredBatch(batch, ls, rs, all_negs, luni, runi)
-
-
 @torch.no_grad()
 def score_batches(
     model: ScoringModel,
@@ -106,13 +71,21 @@ def score_batches(
     gen: torch.Generator,
     rng: np.random.Generator,
 ) -> Iterator[ScoredBatch]:
-    """:func:`gathered_batches` with their scores (all the negative score blocks)."""
-    for g in gathered_batches(
-        model, embeddings, sides, lhs, rhs, rel, weight, negs, batch_size, gen, rng
-    ):
-        b = g.batch
-        scores = model(g.lhs, g.rhs, b.rel, b.relation_idx, b.weight, negs)
-        yield ScoredBatch(b, scores, g.all_negs, g.lhs_uniform, g.rhs_uniform)
+    """Batches of one bucket's edges (offsets in its partitions) with their scores.
+
+    ``embeddings`` gives a partition's embedding table; ``gen`` draws the uniform negatives and
+    ``rng`` the relation order of the batches.
+    """
+    batches = make_batches(
+        lhs, rhs, rel, weight, eval_batch_size(batch_size, negs), model.dynamic, rng
+    )
+    for batch in batches:
+        lhs_key, rhs_key = sides[batch.relation_idx]
+        all_negs = bool(model.relation_spec(batch.relation_idx).all_negs)
+        ls, luni = gather_side(embeddings(lhs_key), batch.lhs, negs, all_negs, gen, None, False)
+        rs, runi = gather_side(embeddings(rhs_key), batch.rhs, negs, all_negs, gen, None, False)
+        scores = model(ls, rs, batch.rel, batch.relation_idx, batch.weight, negs)
+        yield ScoredBatch(batch, scores, all_negs, luni, runi)
 
 
 @dataclass
@@ -165,7 +138,7 @@ def plan_eval(
     seed: int,
 ) -> EvalPlan:
     """Cut the edges into batches and draw their uniform negatives (``num_rows``: a
-    partition's row count), as :func:`gathered_batches` would with generators seeded by
+    partition's row count), as :func:`score_batches` does with generators seeded by
     ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
