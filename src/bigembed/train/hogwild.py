@@ -13,9 +13,9 @@ the edges are split (config ``load_balancing``):
 * ``pbg``: each worker gets an even slice of the shuffled edges and batches it itself; the
   bucket ends when the slowest worker does.
 
-The workers also rank the withheld-edge eval before and after each bucket (:meth:`HogwildPool.
-run_eval`, PBG evaluates in its pool too): its units, one corrupted side of one batch each, are
-taken from the same shared counter.
+The workers also rank the withheld-edge eval before and after each bucket
+(:meth:`HogwildPool.run_eval`; PBG evaluates in its pool too): its units, one corrupted side of
+one batch each, are taken from the same shared counter.
 
 Progress is published through a small shared tensor so the parent can draw a live progress bar.
 With one worker everything runs in the calling process. Workers die with the trainer, even one
