@@ -26,6 +26,40 @@ def gather_rows(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool =
     return rows.requires_grad_(grad)
 
 
+def draw_uniform(
+    n: int, batch: int, negs: NegativeSettings, all_negs: bool, gen: torch.Generator
+) -> Tensor | None:
+    """The offsets of a side's uniform negatives (None with ``all_negs`` or without them)."""
+    groups = negs.uniform_groups(batch)
+    if all_negs or groups <= 0:
+        return None
+    return torch.randint(n, (groups * negs.num_uniform_negs,), generator=gen)
+
+
+def gather_drawn(
+    emb: Tensor,
+    idx: Tensor,
+    negs: NegativeSettings,
+    all_negs: bool,
+    uidx: Tensor | None,
+    max_norm: float | None,
+    grad: bool = True,
+) -> SideEmbeddings:
+    """Gather a side's positives (rows ``idx`` of the partition's embeddings ``emb``) and its
+    negatives: the uniform ones at offsets ``uidx`` (:func:`draw_uniform`), or with
+    ``all_negs`` the whole partition."""
+    pos = gather_rows(emb, idx, max_norm, grad)
+    uniform = whole = None
+    if all_negs:
+        whole = gather_rows(emb, torch.arange(emb.shape[0]), max_norm, grad)
+    elif uidx is not None:
+        uniform = gather_rows(emb, uidx, max_norm, False).view(
+            -1, negs.num_uniform_negs, pos.shape[1]
+        )
+        uniform.requires_grad_(grad)
+    return SideEmbeddings(pos, idx, uniform, whole)
+
+
 def gather_side(
     emb: Tensor,
     idx: Tensor,
@@ -35,16 +69,7 @@ def gather_side(
     max_norm: float | None,
     grad: bool = True,
 ) -> tuple[SideEmbeddings, Tensor | None]:
-    """Gather a side's positives (rows ``idx`` of the partition's embeddings ``emb``) and its
-    negatives; returns them and the uniform draw's indices."""
-    pos = gather_rows(emb, idx, max_norm, grad)
-    n = emb.shape[0]
-    groups = negs.uniform_groups(idx.shape[0])
-    uniform = uidx = whole = None
-    if all_negs:
-        whole = gather_rows(emb, torch.arange(n), max_norm, grad)
-    elif groups > 0:
-        uidx = torch.randint(n, (groups * negs.num_uniform_negs,), generator=gen)
-        uniform = gather_rows(emb, uidx, max_norm, False).view(groups, negs.num_uniform_negs, -1)
-        uniform.requires_grad_(grad)
-    return SideEmbeddings(pos, idx, uniform, whole), uidx
+    """Draw a side's uniform negatives and gather it (:func:`gather_drawn`); returns the
+    gathered rows and the uniform draw's indices."""
+    uidx = draw_uniform(emb.shape[0], idx.shape[0], negs, all_negs, gen)
+    return gather_drawn(emb, idx, negs, all_negs, uidx, max_norm, grad), uidx

@@ -28,16 +28,20 @@ def _blocks_counts(
     """(count of negatives scoring >= pos, count of unmasked negatives if ``valid``) per row,
     as float64 whole numbers.
 
-    Each comparison is written into a float buffer and summed as floats: several times faster
-    than summing a bool tensor (which converts it to int64 first), and exact (float32 sums
-    whole numbers exactly below 2**24; wider rows use float64).
+    Each comparison is written into a float buffer (one, reused by every block) and summed as
+    floats: several times faster than summing a bool tensor (which converts it to int64
+    first), and exact (float32 sums whole numbers exactly below 2**24; wider rows use float64).
     """
     p = pos.unsqueeze(1)
     ge = torch.zeros(pos.shape[0], dtype=torch.float64)
     ok = torch.zeros(pos.shape[0], dtype=torch.float64) if valid else None
-    for block in _blocks(neg):
-        wide = block.shape[-1] >= 1 << 24
-        buf = torch.empty(block.shape, dtype=torch.float64 if wide else torch.float32)
+    blocks = _blocks(neg)
+    wide = any(b.shape[-1] >= 1 << 24 for b in blocks)
+    flat = torch.empty(
+        max((b.numel() for b in blocks), default=0), dtype=torch.float64 if wide else torch.float32
+    )
+    for block in blocks:
+        buf = flat[: block.numel()].view(block.shape)
         ge += torch.ge(block, p, out=buf).sum(dim=1)
         if ok is not None:
             ok += torch.gt(block, MASKED / 2, out=buf).sum(dim=1)
@@ -60,12 +64,19 @@ def _auc_slow(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> Tensor:
     return below / valid.clamp_min(1)
 
 
-def ranks_and_auc(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+def ranks_and_auc(
+    pos: Tensor, neg: Tensor | Sequence[Tensor], unmasked: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """:func:`ranks_from_scores` and :func:`auc_from_scores` at once, in two comparison passes
     over the scores instead of six: for a positive that is neither masked nor NaN, an unmasked
     negative scores either >= it (counted in its rank) or below it, so "below" is "unmasked"
-    minus "at least as high". Other rows (none in practice) are computed the long way."""
-    ge, ok = _blocks_counts(pos, neg, True)
+    minus "at least as high". Other rows (none in practice) are computed the long way.
+
+    ``unmasked``: the count of unmasked negatives of each row (float64), when the caller knows
+    it (no score NaN or as low as a mask): one comparison pass instead of two."""
+    ge, ok = _blocks_counts(pos, neg, unmasked is None)
+    if unmasked is not None:
+        ok = unmasked
     assert ok is not None
     auc = (ok - ge).float() / ok.float().clamp_min(1)
     odd = ~(pos > MASKED / 2)

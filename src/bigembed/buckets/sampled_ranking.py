@@ -4,11 +4,16 @@ Both the withheld-edge eval of training (PBG's ``eval_fraction``) and the ``samp
 of ``bigembed eval`` (what ``torchbiggraph_eval`` reports) cut a bucket's edges into batches as
 training does and score each positive against the negatives training would use. The batch size
 is rounded up to a multiple of ``num_batch_negs`` so every batch-negative chunk is full.
+
+The withheld-edge eval is planned first (:func:`plan_eval`: batches and uniform draws) and cut
+into independent *units*, one corrupted side of one batch each (:func:`eval_unit`), so that
+training's Hogwild workers can rank them; :func:`merge_units` adds their results in the order
+ranking the batches one by one would, so the sums do not depend on where the units ran.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,9 +22,16 @@ import torch
 from torch import Tensor
 
 from bigembed.buckets.batching import Batch, make_batches
-from bigembed.buckets.gather import gather_side
+from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_side
 from bigembed.buckets.metrics import RankingSums, ranks_and_auc
-from bigembed.model.scoring import BatchScores, NegativeSettings, ScoringModel
+from bigembed.model.comparators import CosComparator, DotComparator
+from bigembed.model.negatives import batch_negative_unmasked
+from bigembed.model.scoring import (
+    BatchScores,
+    Corruption,
+    NegativeSettings,
+    ScoringModel,
+)
 from bigembed.partition_keys import BucketSides, PartitionKey
 
 
@@ -76,7 +88,167 @@ def score_batches(
         yield ScoredBatch(batch, scores, all_negs, luni, runi)
 
 
+@dataclass
+class EvalBatch:
+    """One batch of a withheld-edge eval with its uniform negatives already drawn, so that any
+    process can rank it (numpy arrays: pickled by value, no shared-memory handles)."""
+
+    lhs: np.ndarray  # (B,) offsets in the lhs partition
+    rhs: np.ndarray
+    rel: np.ndarray
+    weight: np.ndarray | None
+    relation_idx: int
+    all_negs: bool
+    uniform: tuple[np.ndarray | None, np.ndarray | None]  # per side (lhs, rhs)
+
+
+@dataclass
+class EvalPlan:
+    """The batches of one eval and the negatives they are ranked against. Its work is cut
+    into *units*, one per (batch, corrupted side): unit ``2 * b + s`` corrupts side ``s``
+    (0 = lhs, 1 = rhs) of batch ``b``; units are independent of each other."""
+
+    batches: list[EvalBatch]
+    negs: NegativeSettings
+
+    @property
+    def num_units(self) -> int:
+        return 2 * len(self.batches)
+
+
+@dataclass
+class UnitResult:
+    """One unit's loss term (fp32, as the side's ``loss_fn`` gives it) and its ranking sums
+    (without the loss)."""
+
+    loss: float
+    sums: RankingSums
+
+
+def plan_eval(
+    model: ScoringModel,
+    num_rows: Callable[[PartitionKey], int],
+    sides: BucketSides,
+    lhs: Tensor,
+    rhs: Tensor,
+    rel: Tensor,
+    weight: Tensor | None,
+    negs: NegativeSettings,
+    batch_size: int,
+    seed: int,
+) -> EvalPlan:
+    """Cut the edges into batches and draw their uniform negatives (``num_rows``: a
+    partition's row count), as :func:`score_batches` does with generators seeded by
+    ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    bs = eval_batch_size(batch_size, negs)
+    for batch in make_batches(lhs, rhs, rel, weight, bs, model.dynamic, rng):
+        lhs_key, rhs_key = sides[batch.relation_idx]
+        all_negs = bool(model.relation_spec(batch.relation_idx).all_negs)
+        drawn = tuple(
+            None if u is None else u.numpy()
+            for u in (
+                draw_uniform(num_rows(lhs_key), len(batch), negs, all_negs, gen),
+                draw_uniform(num_rows(rhs_key), len(batch), negs, all_negs, gen),
+            )
+        )
+        out.append(
+            EvalBatch(
+                batch.lhs.numpy(),
+                batch.rhs.numpy(),
+                batch.rel.numpy(),
+                None if batch.weight is None else batch.weight.numpy(),
+                batch.relation_idx,
+                all_negs,
+                (drawn[0], drawn[1]),
+            )
+        )
+    return EvalPlan(out, negs)
+
+
 @torch.no_grad()
+def eval_unit(
+    model: ScoringModel,
+    embeddings: Callable[[PartitionKey], Tensor],
+    sides: BucketSides,
+    plan: EvalPlan,
+    unit: int,
+) -> UnitResult:
+    """Rank one corrupted side of one batch of ``plan`` (see :class:`EvalPlan`)."""
+    b, k = plan.batches[unit // 2], unit % 2
+    negs = plan.negs
+    keys = sides[b.relation_idx]
+    gathered = [
+        gather_drawn(
+            embeddings(key),
+            torch.from_numpy(idx),
+            negs,
+            b.all_negs and s == k,
+            None if uidx is None or s != k else torch.from_numpy(uidx),
+            None,
+            False,
+        )
+        for s, (key, idx, uidx) in enumerate(zip(keys, (b.lhs, b.rhs), b.uniform, strict=True))
+    ]
+    weight = None if b.weight is None else torch.from_numpy(b.weight)
+    rel = torch.from_numpy(b.rel)
+    side = model.corrupted_sides(gathered[0], gathered[1], rel, b.relation_idx, negs)[k]
+    sums = RankingSums()
+    if not side.enabled:
+        return UnitResult(float(side.pos.sum() * 0.0), sums)
+    blocks = model.negative_blocks(side, negs, b.all_negs)
+    unmasked = _unmasked_counts(model, side, negs, b.all_negs)
+    sums.add_ranks(*ranks_and_auc(side.pos, blocks, unmasked))
+    return UnitResult(float(model.loss_fn(side.pos, blocks, weight)), sums)
+
+
+#: Scores are bounded by the product of the norms (dot, cos); below this bound none can be NaN
+#: or as low as a mask (-1e9 / 2), so every negative but the masked ones is valid.
+_SAFE_BOUND = 1e8
+
+
+def _unmasked_counts(
+    model: ScoringModel, side: Corruption, negs: NegativeSettings, all_negs: bool
+) -> Tensor | None:
+    """Per positive: its negatives that are not masked (its own entity and a padded chunk's
+    missing rows among the batch negatives), when no score can be NaN or as low as a mask;
+    else None (they are counted from the scores)."""
+    if all_negs or type(model.comparator) not in (DotComparator, CosComparator):
+        return None
+    num = side.anchors.shape[0]
+    others = [
+        t for t in (side.src if negs.num_batch_negs > 0 else None, side.uniform) if t is not None
+    ]
+    if not others:
+        return None
+    bound = side.anchors.norm(dim=-1).max()
+    bound = bound * max(t.norm(dim=-1).max() for t in others)
+    if not bool(bound < _SAFE_BOUND):  # also False when NaN
+        return None
+    counts = torch.zeros(num, dtype=torch.float64)
+    if negs.num_batch_negs > 0:
+        counts += batch_negative_unmasked(num, negs.num_batch_negs)
+    if side.uniform is not None:
+        counts += side.uniform.shape[1]
+    return counts
+
+
+def merge_units(model: ScoringModel, plan: EvalPlan, results: Sequence[UnitResult]) -> RankingSums:
+    """The summed metrics of an eval from its units' results (in unit order): the same sums,
+    added in the same order, as ranking the batches one after the other."""
+    sums = RankingSums()
+    for b, batch in enumerate(plan.batches):
+        lhs, rhs = results[2 * b], results[2 * b + 1]
+        # A batch's loss is the fp32 sum of its two sides, times the relation's weight.
+        loss = torch.tensor(lhs.loss) + torch.tensor(rhs.loss)
+        sums.loss_sum += float(loss * float(model.relation_spec(batch.relation_idx).weight))
+        sums.merge(lhs.sums)
+        sums.merge(rhs.sums)
+    return sums
+
+
 def evaluate_edges(
     model: ScoringModel,
     tables: Mapping[PartitionKey, EmbeddingTable],
@@ -88,20 +260,28 @@ def evaluate_edges(
     negs: NegativeSettings,
     batch_size: int,
     seed: int,
+    run_units: Callable[[EvalPlan], list[UnitResult]] | None = None,
 ) -> RankingSums:
-    """Rank each edge against its negatives on both sides; returns the summed metrics."""
-    sums = RankingSums()
-    gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    for scored in score_batches(
-        model, lambda key: tables[key].emb, sides, lhs, rhs, rel, weight, negs, batch_size, gen, rng
-    ):
-        scores = scored.scores
-        sums.loss_sum += float(scores.loss)
-        for pos, neg, enabled in (
-            (scores.lhs_pos, scores.lhs_neg, not negs.disable_lhs),
-            (scores.rhs_pos, scores.rhs_neg, not negs.disable_rhs),
-        ):
-            if enabled:
-                sums.add_ranks(*ranks_and_auc(pos, neg))
-    return sums
+    """Rank each edge against its negatives on both sides; returns the summed metrics.
+
+    The units of the eval (:class:`EvalPlan`) run here, or in ``run_units`` if given (training
+    hands its Hogwild pool: :meth:`bigembed.train.hogwild.HogwildPool.run_eval`), with the
+    same results: each unit scores one side of one batch as :meth:`ScoringModel.forward` does
+    and counts its ranks with one comparison pass when its unmasked negatives are known.
+    """
+    plan = plan_eval(
+        model,
+        lambda key: tables[key].emb.shape[0],
+        sides,
+        lhs,
+        rhs,
+        rel,
+        weight,
+        negs,
+        batch_size,
+        seed,
+    )
+    results = [
+        eval_unit(model, lambda key: tables[key].emb, sides, plan, u) for u in range(plan.num_units)
+    ]
+    return merge_units(model, plan, results)

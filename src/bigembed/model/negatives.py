@@ -44,6 +44,15 @@ def batch_negative_mask(num: int, chunk_size: int) -> Tensor:
     return own | (rows - rows % chunk_size + col >= num)
 
 
+def batch_negative_unmasked(num: int, chunk_size: int) -> Tensor:
+    """Per row (float64): its batch negatives that :func:`batch_negative_mask` leaves
+    unmasked (the chunk less the row itself and a short last chunk's padding)."""
+    chunk_size = min(chunk_size, num)
+    start = torch.arange(num) // chunk_size * chunk_size
+    real = (num - start).clamp(max=chunk_size)
+    return (real - 1).double()
+
+
 def batch_negative_scores(
     comparator: Comparator, anchors: Tensor, src: Tensor, chunk_size: int, dtype: torch.dtype
 ) -> Tensor:

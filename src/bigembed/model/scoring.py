@@ -18,7 +18,7 @@ against corrupted rhs, so negatives never pass through a per-edge operator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +64,21 @@ class SideEmbeddings:
     pos_idx: Tensor  # (B,) their offsets in the partition (for all-negatives masking)
     uniform: Tensor | None = None  # (groups, U, D) uniformly drawn negatives
     all: Tensor | None = None  # (N, D) the whole partition, when all_negs
+
+
+class Corruption(NamedTuple):
+    """One corrupted side of a batch, ready to score: the positives' scores, the corrupted
+    side's rows (the batch negatives), its uniform negatives ``(groups, U, D)`` or whole
+    partition, the positives' offsets, the anchors the negatives are compared with, and
+    whether the side is corrupted at all."""
+
+    pos: Tensor
+    src: Tensor
+    uniform: Tensor | None
+    whole: Tensor | None
+    idx: Tensor
+    anchors: Tensor
+    enabled: bool
 
 
 @dataclass
@@ -214,6 +229,14 @@ class ScoringModel(nn.Module):
             )
         return parts
 
+    def negative_blocks(
+        self, side: Corruption, negs: NegativeSettings, all_negs: bool
+    ) -> list[Tensor]:
+        """The negative score blocks of one corrupted side, as :meth:`forward` builds them."""
+        return self._direction(
+            side.src, side.uniform, side.whole, side.idx, side.anchors, negs, side.enabled, all_negs
+        )
+
     def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
         """Whether :func:`fused_sampled_loss` computes this loss (over dot products)."""
         return self.fusable_loss and not all_negs and negs.num_uniform_negs > 0
@@ -272,28 +295,29 @@ class ScoringModel(nn.Module):
             total = total + params * (1 if rel is not None else chunks)
         return self.reg_coef * total
 
-    def forward(
+    def corrupted_sides(
         self,
         lhs: SideEmbeddings,
         rhs: SideEmbeddings,
         rel: Tensor,
         relation_idx: int,
-        weight: Tensor | None,
         negs: NegativeSettings,
-        need_scores: bool = True,
-    ) -> BatchScores:
-        """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only).
+    ) -> list[Corruption]:
+        """The batch's two corrupted sides (lhs, rhs) as :meth:`forward` scores them: for
+        scoring the negatives elsewhere (the tiled ranking of the withheld-edge eval)."""
+        return self._corrupt(lhs, rhs, rel, relation_idx, negs)[0]
 
-        With ``need_scores=False`` (training) the loss may be computed by the fused kernel,
-        which keeps no negative score blocks (``lhs_neg``/``rhs_neg`` are empty and the
-        violator counts are filled in instead).
-        """
+    def _corrupt(
+        self,
+        lhs: SideEmbeddings,
+        rhs: SideEmbeddings,
+        rel: Tensor,
+        relation_idx: int,
+        negs: NegativeSettings,
+    ) -> tuple[list[Corruption], Tensor]:
+        """The two corrupted sides and the regularizer term of a batch."""
         rspec = self.relation_spec(relation_idx)
         cmp = self.comparator
-        all_negs = bool(rspec.all_negs)
-        fused = not need_scores and self._fusable(negs, all_negs)
-        # The all-entity kernel is a softmax: other fusable losses take the score-block path.
-        fused_all = not need_scores and all_negs and self.all_entities_kernel
         lhs_x = self._adjust(lhs.pos, rspec.lhs)
         rhs_x = self._adjust(rhs.pos, rspec.rhs)
         batch = lhs_x.shape[0]
@@ -315,12 +339,10 @@ class ScoringModel(nn.Module):
             neg_op: Operator | None,
             anchors: Tensor,
             enabled: bool,
-        ) -> tuple:
-            """One corrupted side: (positive scores, src rows, src uniform negatives, src all
-            entities, src offsets, anchors, enabled)."""
+        ) -> Corruption:
             uniform = prep_neg(side.uniform, etype, neg_op)
             whole = prep_neg(side.all, etype, neg_op)
-            return pos, src, uniform, whole, side.pos_idx, anchors, enabled
+            return Corruption(pos, src, uniform, whole, side.pos_idx, anchors, enabled)
 
         if not self.dynamic:
             op = self.rhs_operator(relation_idx)
@@ -347,6 +369,32 @@ class ScoringModel(nn.Module):
             reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
                 lhs_op, rhs_p, lhs_t, rel, chunks
             )
+
+        return sides, reg
+
+    def forward(
+        self,
+        lhs: SideEmbeddings,
+        rhs: SideEmbeddings,
+        rel: Tensor,
+        relation_idx: int,
+        weight: Tensor | None,
+        negs: NegativeSettings,
+        need_scores: bool = True,
+    ) -> BatchScores:
+        """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only).
+
+        With ``need_scores=False`` (training) the loss may be computed by the fused kernel,
+        which keeps no negative score blocks (``lhs_neg``/``rhs_neg`` are empty and the
+        violator counts are filled in instead).
+        """
+        rspec = self.relation_spec(relation_idx)
+        all_negs = bool(rspec.all_negs)
+        fused = not need_scores and self._fusable(negs, all_negs)
+        # The all-entity kernel is a softmax: other fusable losses take the score-block path.
+        fused_all = not need_scores and all_negs and self.all_entities_kernel
+        sides, reg = self._corrupt(lhs, rhs, rel, relation_idx, negs)
+        lhs_pos, rhs_pos = sides[0].pos, sides[1].pos
 
         if fused or fused_all:
             (loss_l, viol_l), (loss_r, viol_r) = (

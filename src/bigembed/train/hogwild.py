@@ -13,6 +13,10 @@ the edges are split (config ``load_balancing``):
 * ``pbg``: each worker gets an even slice of the shuffled edges and batches it itself; the
   bucket ends when the slowest worker does.
 
+The workers also rank the withheld-edge eval before and after each bucket
+(:meth:`HogwildPool.run_eval`; PBG evaluates in its pool too): its units, one corrupted side of
+one batch each, are taken from the same shared counter.
+
 Progress is published through a small shared tensor so the parent can draw a live progress bar.
 With one worker everything runs in the calling process. Workers die with the trainer, even one
 killed while they start up (see :mod:`bigembed.train.worker_guard`).
@@ -38,6 +42,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
+from bigembed.buckets.sampled_ranking import EvalPlan, UnitResult, eval_unit
 from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
@@ -67,6 +72,36 @@ class BucketTask:
     # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
     # array sent by value (one more shared-memory tensor per task costs more than it).
     plan: np.ndarray | None = None
+
+
+@dataclass
+class EvalTask:
+    """A withheld-edge eval for the workers: the units of ``plan`` (see
+    :class:`~bigembed.buckets.sampled_ranking.EvalPlan`), taken from the batch queue (work
+    stealing) or, without it, every ``workers``-th unit from the worker's rank."""
+
+    tables: dict[PartitionKey, Table]
+    sides: list[tuple[PartitionKey, PartitionKey]]
+    plan: EvalPlan
+    workers: int
+
+
+def run_eval_task(
+    setup: WorkerSetup, task: EvalTask, rank: int, batches: BatchQueue | None
+) -> list[tuple[int, UnitResult]]:
+    """The units this worker ranks, with their results."""
+    n = task.plan.num_units
+    units: Iterator[int] = (
+        iter(batches.take, None) if batches is not None else iter(range(rank, n, task.workers))
+    )
+    out = []
+    for u in units:
+        if u >= n:
+            break
+        out.append(
+            (u, eval_unit(setup.model, lambda key: task.tables[key].emb, task.sides, task.plan, u))
+        )
+    return out
 
 
 @dataclass
@@ -187,13 +222,18 @@ def worker_main(
         task = tasks.get()
         if task is None:
             return
-        reply: tuple[int, str, StepStats | str]  # (rank, "ok", stats) or (rank, "error", text)
+        # (rank, "ok", stats or eval results) or (rank, "error", text)
+        reply: tuple[int, str, StepStats | list[tuple[int, UnitResult]] | str]
         started = time.perf_counter()
         try:
-            reply = (rank, "ok", run_task(setup, task, trainer, progress, rank, batches))
+            if isinstance(task, EvalTask):
+                reply = (rank, "ok", run_eval_task(setup, task, rank, batches))
+            else:
+                reply = (rank, "ok", run_task(setup, task, trainer, progress, rank, batches))
         except Exception:
             reply = (rank, "error", traceback.format_exc())
-        board[rank, BUSY] += time.perf_counter() - started - task.delay
+        if not isinstance(task, EvalTask):  # the board's busy time is training time
+            board[rank, BUSY] += time.perf_counter() - started - task.delay
         # Drop the task's tables before replying: once the trainer has every reply it may evict
         # a partition, and a mapping still held here would keep its shared memory alive.
         del task
@@ -307,6 +347,42 @@ class HogwildPool:
                 )
             )
         total = StepStats()
+        for payload in self._replies(on_wait):
+            assert isinstance(payload, StepStats)
+            total.add(payload)
+        on_wait()
+        busy_after = self.board[:, BUSY].tolist()
+        self.last_busy = [a - b for a, b in zip(busy_after, busy_before, strict=True)]
+        return total
+
+    def run_eval(
+        self,
+        tables: dict[PartitionKey, Table],
+        sides: list[tuple[PartitionKey, PartitionKey]],
+        plan: EvalPlan,
+        on_wait: Callable[[], None] = lambda: None,
+    ) -> list[UnitResult]:
+        """Rank the units of a withheld-edge eval in the workers (each on its one thread, as
+        they train); returns the results in unit order. With one worker: here."""
+        if self.workers == 1:
+            return [
+                eval_unit(self.setup.model, lambda key: tables[key].emb, sides, plan, u)
+                for u in range(plan.num_units)
+            ]
+        if self._batches is not None:
+            self._batches.reset()
+        for rank in range(self.workers):
+            self._tasks[rank].put(EvalTask(tables, sides, plan, self.workers))
+        results: dict[int, UnitResult] = {}
+        for payload in self._replies(on_wait):
+            assert isinstance(payload, list)
+            results.update(payload)
+        if len(results) != plan.num_units:
+            raise RuntimeError(f"eval: {len(results)} of {plan.num_units} units ranked")
+        return [results[u] for u in range(plan.num_units)]
+
+    def _replies(self, on_wait: Callable[[], None]) -> Iterator[Any]:
+        """Each worker's reply payload to the task just sent to all of them."""
         pending = set(range(self.workers))
         while pending:
             try:
@@ -318,12 +394,8 @@ class HogwildPool:
             if status == "error":
                 self.close()
                 raise RuntimeError(f"Hogwild worker {rank} failed:\n{payload}")
-            total.add(payload)
             pending.discard(rank)
-        on_wait()
-        busy_after = self.board[:, BUSY].tolist()
-        self.last_busy = [a - b for a, b in zip(busy_after, busy_before, strict=True)]
-        return total
+            yield payload
 
     def _check_alive(self) -> None:
         for rank, p in enumerate(self._procs):

@@ -18,6 +18,7 @@ the distributed one from the same loop.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -222,6 +223,10 @@ class TrainingLoop:
                 continue  # no edges
             bt = time.perf_counter()
             work, train_edges = self._load_bucket(it, bucket)
+            # The withheld-edge eval runs in the workers, as PBG's does.
+            work.run_eval = functools.partial(
+                pool.run_eval, work.tables, work.sides, on_wait=training
+            )
             loaded = time.perf_counter()
             observers.bucket_started(work)
             started = time.perf_counter()  # the eval before the bucket is not the workers' time

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from bigembed.buckets.metrics import RankingSums
 from bigembed.buckets.negative_settings import negative_settings
-from bigembed.buckets.sampled_ranking import evaluate_edges
+from bigembed.buckets.sampled_ranking import EvalPlan, UnitResult, evaluate_edges
 from bigembed.config import ConfigSchema
 from bigembed.model.scoring import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
@@ -37,15 +37,23 @@ class HeldOut:
     weight: Tensor | None
 
 
+#: Ranks the units of a withheld-edge eval of the bucket, returning them in unit order.
+RunEval = Callable[[EvalPlan], list[UnitResult]]
+
+
 @dataclass
 class BucketWork:
-    """A bucket being trained: its resident tables and relation sides, and its withheld edges."""
+    """A bucket being trained: its resident tables and relation sides, and its withheld edges.
+
+    ``run_eval``, when the loop sets it, ranks a withheld-edge eval where training runs (the
+    Hogwild workers); without it the eval runs in the observer's process."""
 
     it: Iteration
     bucket: Bucket
     tables: dict[PartitionKey, Table]
     sides: BucketSides
     held_out: HeldOut | None
+    run_eval: RunEval | None = None
 
 
 class StopTraining(Exception):
@@ -132,7 +140,9 @@ class Observers(Observer):
 
 class WithheldEdgeEval(Observer):
     """PBG's ``eval_fraction``: ranks each bucket's withheld edges before and after training it,
-    and adds the metrics to the bucket and step records (``eval_stats_before/after``)."""
+    and adds the metrics to the bucket and step records (``eval_stats_before/after``). The
+    ranking runs in the Hogwild workers when the loop offers them (``BucketWork.run_eval``),
+    as PBG evaluates in its worker pool; the numbers do not depend on where it runs."""
 
     def __init__(self, cfg: ConfigSchema, model: ScoringModel) -> None:
         self.model = model
@@ -158,6 +168,7 @@ class WithheldEdgeEval(Observer):
             self.negs,
             self.batch_size,
             seed,
+            work.run_eval,
         )
 
     def step_started(self, it: Iteration, num_edges: int) -> None:
