@@ -12,12 +12,12 @@ The cgroup's ``failcnt``, ``max_usage_in_bytes`` and OOM-kill count are reported
 fails if the limit killed it. Without root, run it under ``systemd-run --scope -p
 MemoryMax=2.5G`` instead (and read the peak from this report's /proc figures).
 
-    python bench/ooc_bench.py /tmp/ooc/config.yaml --limit 2.5G -p memory_budget=1.8GB \\
-        -p partition_prefetch=false -p bucket_order=buffer
+    python bench/ooc_bench.py /tmp/ooc/config.yaml --limit 2.5G -p memory_budget=2.1GB \\
+        -p bucket_order=buffer
     python bench/ooc_bench.py /tmp/ooc_small/config.yaml       # a graph that fits in memory
 
-A budget equal to the limit, with read-ahead, was OOM-killed: keep one partition of headroom
-(docs/training.md, "Memory model").
+Choose ``memory_budget`` from docs/training.md's memory model ("Memory model") so that the
+model's total stays below the limit.
 """
 
 from __future__ import annotations

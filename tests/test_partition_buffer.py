@@ -19,7 +19,9 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,6 +33,7 @@ from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict, parse_config_dict
 from bigembed.errors import BigembedError
 from bigembed.partition_keys import PartitionKey
+from bigembed.train import partition_io
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Trainer
 from bigembed.train.memory_budget import plan_memory
@@ -162,6 +165,62 @@ def test_store_never_reads_a_partition_before_its_write_back(tmp_path: Path) -> 
         table = store.read(("node", p))
         fresh = _store(tmp_path / "fresh", 3, background=False).read(("node", p))
         assert torch.allclose(table.emb, fresh.emb + uses), p
+
+
+def test_a_written_back_table_is_freed_before_its_write_back_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With read-ahead, a read waiting for a write-back allocates its table the moment that
+    write-back is declared done; the evicted table must already be freed then, or both are
+    alive at once, one table over the capacity (a 2.5 GB cgroup run was OOM-killed so). Each
+    job's completion checks that the tables its callable held are gone, and every allocation
+    that fewer than ``capacity`` tables are alive."""
+    tables: list[weakref.ref[torch.Tensor]] = []
+    late: list[str] = []
+
+    class ProbeEvent(threading.Event):
+        def __init__(self, held: list[weakref.ref[torch.Tensor]]) -> None:
+            super().__init__()
+            self.held = held
+
+        def set(self) -> None:
+            if any(r() is not None for r in self.held):
+                late.append("a job was declared done while its table was still alive")
+            super().set()
+
+    class ProbeJob(partition_io.Job):
+        def __init__(self, fn, after=()) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(fn, after)
+            cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
+            held = [weakref.ref(c.emb) for c in cells if isinstance(c, Table)]
+            self._done = ProbeEvent(held)
+
+    monkeypatch.setattr(partition_io, "Job", ProbeJob)
+    capacity = 3
+    store = _store(tmp_path, capacity, background=True)
+    allocate = store._allocate
+
+    def counted(key: PartitionKey) -> Table:
+        alive = sum(r() is not None for r in tables)
+        if alive + 1 > capacity:
+            late.append(f"{alive} tables alive when {key} was allocated")
+        table = allocate(key)
+        tables.append(weakref.ref(table.emb))
+        return table
+
+    store._allocate = counted  # type: ignore[method-assign]
+    order = bucket_order("buffer", 8, 8, random.Random(3), buffer=capacity - 1)
+    keys = [{("node", i), ("node", j)} for i, j in order]
+    store.plan(keys)
+    for k in keys:
+        resident = store.ensure(k)
+        for t in resident.values():
+            t.emb.add_(1.0)
+        del resident, t
+    store.flush()
+    assert store.writes > 8, "the order swapped partitions (write-backs happened)"
+    assert len(tables) > 8 and store.reads_ahead > 0
+    assert not late, late[:3]
 
 
 @pytest.mark.parametrize("nparts", [8, 16])

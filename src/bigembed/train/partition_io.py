@@ -38,7 +38,7 @@ class Job:
         self._error: BaseException | None = None
 
     def run(self) -> None:
-        fn, self.fn = self.fn, None  # drop the closure (and the table it holds) once run
+        fn, self.fn = self.fn, None
         try:
             assert fn is not None
             for dep in self.after:
@@ -48,6 +48,12 @@ class Job:
         except BaseException as exc:
             self._error = exc
         finally:
+            # Drop the callable (a write-back's closure holds the evicted table) BEFORE telling
+            # anyone the job is done: a read waiting for this write-back allocates its table as
+            # soon as it wakes, and if this thread were preempted before its frame let go of
+            # the closure, both tables would be alive at once -- one table over the memory
+            # budget (a 2.5 GB cgroup run was OOM-killed in the new table's fallocate so).
+            fn = None
             self._done.set()
 
     def done(self) -> bool:
