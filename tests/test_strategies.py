@@ -261,6 +261,46 @@ def test_strategy_invariant_over_gloo(
             assert max(res["lag"]) <= SYNC_EVERY, (rank, res["lag"])
 
 
+def test_a_round_is_recorded_complete_before_the_gate_opens() -> None:
+    """The round thread opens the gate (the next ``sync_every`` batches) only after it has
+    recorded the round as completed: a worker let through never sees the previous round's
+    batch count (opening first let the gloo invariant above read a lag of sync_every + 1)."""
+    from bigembed.communication.lockstep import LockstepRounds
+    from bigembed.train.batch_gate import BatchGate
+
+    seen: list[tuple[int, int]] = []  # (budget opened, completed batches at that moment)
+
+    class RecordingGate(BatchGate):
+        def allow(self, budget: int) -> None:
+            if rounds is not None:
+                seen.append((budget, rounds._completed_batches))
+            super().allow(budget)
+
+    rounds: LockstepRounds | None = None
+    gate = RecordingGate(1)
+    rounds = LockstepRounds(
+        0,
+        [0],
+        None,
+        gate,
+        gated=True,
+        sync_every=2,
+        interval=0.01,
+        on_data=lambda: None,
+        on_agree=lambda: None,
+        on_error=lambda message: None,
+        name="test-rounds",
+    )
+    rounds.set_training(True)
+    rounds.start()
+    for _ in range(7):
+        gate.wait_turn()
+        gate.passed(0)
+    rounds.stop(10)
+    assert len(seen) >= 3, seen
+    assert all(completed == budget - 2 for budget, completed in seen), seen
+
+
 # ---------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def items_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], float]:

@@ -164,8 +164,6 @@ class LockstepRounds:
                     self.data_rounds += 1
                 else:
                     self.header_rounds += 1
-                if self.gated:
-                    self.gate.allow(batches + self.sync_every)
                 with self._cond:
                     self._completed = self._started
                     self._completed_batches = batches
@@ -173,6 +171,10 @@ class LockstepRounds:
                         self._agreements += 1
                         self._agree_asked = False
                     self._cond.notify_all()
+                # Only now open the gate: a worker let through sees this round as completed
+                # (opening it first let a worker read the previous round's batch count).
+                if self.gated:
+                    self.gate.allow(batches + self.sync_every)
                 if int(total[_FLAG_STOP]) == self.world:
                     return
         except Exception as exc:  # reported to the watchdog, which stops the run
