@@ -313,6 +313,19 @@ def test_memory_budget_sets_the_capacity(tmp_path: Path) -> None:
     assert Trainer(cfg, progress=False).memory.capacity == NPARTS
 
 
+def test_the_memory_plan_line_says_what_is_resident() -> None:
+    """The log line of the plan: the partitions held, or (nothing partitioned) that every table
+    stays in memory, never "0 partitions of 0 MiB"."""
+    table = 100 * 2**20
+    assert (
+        "16 partitions of 100 MiB resident"
+        in plan_memory(10**13, [table] * 16, 0, 1000, 2, 2).describe()
+    )
+    unpartitioned = plan_memory(None, [], 50 * 2**20, 1000, 2, 0).describe()
+    assert "no partitioned tables (every table stays in memory)" in unpartitioned
+    assert "0 partitions" not in unpartitioned
+
+
 @pytest.mark.parametrize("value", ["lots", "2.5XB", True, -1])
 def test_bad_memory_budget_names_the_key(value: object) -> None:
     base = {

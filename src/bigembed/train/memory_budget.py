@@ -91,9 +91,14 @@ class MemoryPlan:
 
     def describe(self) -> str:
         how = "derived from the machine" if self.derived else "memory_budget"
+        held = (
+            f"{self.capacity} partitions of {self.table_bytes / 2**20:.0f} MiB resident"
+            if self.table_bytes
+            else "no partitioned tables (every table stays in memory)"
+        )
         return (
-            f"memory budget {self.budget / 2**30:.2f} GiB ({how}): {self.capacity} partitions "
-            f"of {self.table_bytes / 2**20:.0f} MiB resident, {self.fixed / 2**20:.0f} MiB fixed"
+            f"memory budget {self.budget / 2**30:.2f} GiB ({how}): {held}, "
+            f"{self.fixed / 2**20:.0f} MiB fixed"
         )
 
 
