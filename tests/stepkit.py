@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.model.spec import ModelSpec
+from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.train.step import BatchTrainer, Table
 
 #: no sampled negatives: the steps under test score against every entity
@@ -39,3 +39,30 @@ def fresh_tables(
         return lhs, rhs
 
     return make
+
+
+def perturbed_model(
+    operator: str,
+    comparator: str = "dot",
+    loss: str = "softmax",
+    dynamic: bool = True,
+    num_dynamic_relations: int = 3,
+) -> ScoringModel:
+    """A one-type all-entity model (d=8, N3 0.01) whose parameters are moved off their
+    initial values (seed 0), so the operators are not the identity in the comparisons."""
+    spec = ModelSpec(
+        relations=(RelationSpec("e", "e", operator, all_negs=True),),
+        entity_dims={"e": 8},
+        comparator=comparator,
+        loss=loss,
+        regularization_coef=0.01,
+        global_emb=not dynamic,
+        dynamic_relations=dynamic,
+        num_dynamic_relations=num_dynamic_relations,
+    )
+    torch.manual_seed(0)
+    model = ScoringModel(spec)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model

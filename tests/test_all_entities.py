@@ -11,7 +11,7 @@ from bigembed.model import all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
-from stepkit import fresh_tables, fresh_trainer
+from stepkit import fresh_tables, fresh_trainer, perturbed_model
 
 
 def _naive(a: torch.Tensor, c: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None):
@@ -61,22 +61,7 @@ def test_bfloat16_products_stay_close() -> None:
 
 
 def _model(dynamic: bool, comparator: str, operator: str, loss: str = "softmax") -> ScoringModel:
-    spec = ModelSpec(
-        relations=(RelationSpec("e", "e", operator, all_negs=True),),
-        entity_dims={"e": 8},
-        comparator=comparator,
-        loss=loss,
-        regularization_coef=0.01,
-        global_emb=not dynamic,
-        dynamic_relations=dynamic,
-        num_dynamic_relations=5,
-    )
-    torch.manual_seed(0)
-    model = ScoringModel(spec)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model
+    return perturbed_model(operator, comparator, loss, dynamic, num_dynamic_relations=5)
 
 
 @pytest.mark.parametrize(

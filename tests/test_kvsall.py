@@ -16,7 +16,7 @@ from bigembed.model import all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.scoring import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
-from stepkit import fresh_tables, fresh_trainer
+from stepkit import fresh_tables, fresh_trainer, perturbed_model
 from synthetic import graph_config, write_graph
 
 
@@ -53,22 +53,7 @@ def test_several_pairs_per_anchor_equal_one_copy_of_the_anchor_per_pair(
 
 
 def _model(comparator: str = "dot") -> ScoringModel:
-    spec = ModelSpec(
-        relations=(RelationSpec("e", "e", "complex_diagonal", all_negs=True),),
-        entity_dims={"e": 8},
-        comparator=comparator,
-        loss="softmax",
-        regularization_coef=0.01,
-        global_emb=False,
-        dynamic_relations=True,
-        num_dynamic_relations=3,
-    )
-    torch.manual_seed(0)
-    model = ScoringModel(spec)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model
+    return perturbed_model("complex_diagonal", comparator)
 
 
 def _queries(side: str, table: torch.Tensor, lidx, ridx, rel, weight) -> QueryBatch:  # type: ignore[no-untyped-def]
