@@ -2,15 +2,17 @@
 
 The model of bench/sparse_bench.py's config (d=100, cos, 50 batch + 50 uniform negatives, batch
 1000, one relation) over two 20,542-row partitions (82,168 / 4), random batches; prints ms/step
-and edges/s per thread for the ranking and softmax losses, best of ``--rounds``. Run it with two
-source trees interleaved for a before/after (the hot path without the Hogwild pool, the loop,
-the evaluation or the disk):
+and edges/s per thread for the ranking and softmax losses, best of ``--rounds``, for the native
+step kernel (bigembed.train.native_step; when it can be built) and the eager path, interleaved.
+Run it with two source trees interleaved for a before/after (the hot path without the Hogwild
+pool, the loop, the evaluation or the disk):
 
     for i in 1 2 3; do
       PYTHONPATH=/path/to/before/src python bench/sparse_step_bench.py
       PYTHONPATH=src python bench/sparse_step_bench.py
     done
     python bench/sparse_step_bench.py --profile ranking   # torch.profiler table of 50 steps
+    python bench/sparse_step_bench.py --profile ranking --eager   # the same, eager path
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from bigembed.train.step import BatchTrainer, Table
 ROWS = NODES // 4
 
 
-def trainer(config: Path, loss: str) -> BatchTrainer:
+def trainer(config: Path, loss: str, native: bool) -> BatchTrainer:
     cfg = load_config(config, overrides=[f"loss_fn={loss}"])
     model = ScoringModel(model_spec(cfg, 1))
     states = [torch.zeros_like(p) for p in model.parameters()]
     gen = torch.Generator().manual_seed(0)
-    return BatchTrainer(model, states, negative_settings(cfg), cfg.lr, cfg.lr, gen)
+    return BatchTrainer(model, states, negative_settings(cfg), cfg.lr, cfg.lr, gen, native=native)
 
 
 def main() -> int:
@@ -46,6 +48,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--profile", choices=["ranking", "softmax"])
+    parser.add_argument("--eager", action="store_true", help="profile the eager path")
     args = parser.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()
@@ -54,7 +57,13 @@ def main() -> int:
         config = Path(tmp) / "config.yaml"
         write_config(config, Path(tmp), 100)
         losses = [args.profile] if args.profile else ["ranking", "softmax"]
-        trainers = {loss: trainer(config, loss) for loss in losses}
+        trainers = {
+            (loss, path): trainer(config, loss, path == "native")
+            for loss in losses
+            for path in ("native", "eager")
+        }
+    if any(tr.native is None for (_, path), tr in trainers.items() if path == "native"):
+        print("native step kernel unavailable here: both rows run the eager path")
     lhs = Table(torch.randn(ROWS, 100) * 1e-3, torch.zeros(ROWS))
     rhs = Table(torch.randn(ROWS, 100) * 1e-3, torch.zeros(ROWS))
     zeros = torch.zeros(1000, dtype=torch.long)
@@ -65,7 +74,7 @@ def main() -> int:
     if args.profile:
         from torch.profiler import profile
 
-        tr = trainers[args.profile]
+        tr = trainers[args.profile, "eager" if args.eager else "native"]
         for b in batches[:5]:
             tr.step(b, lhs, rhs)
         with profile() as prof:
@@ -73,20 +82,21 @@ def main() -> int:
                 tr.step(b, lhs, rhs)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
         return 0
-    best = dict.fromkeys(losses, float("inf"))
+    best = dict.fromkeys(trainers, float("inf"))
     for _ in range(args.rounds):
-        for loss, tr in trainers.items():
+        for key, tr in trainers.items():
             for b in batches[:3]:
                 tr.step(b, lhs, rhs)
             t0 = time.perf_counter()
             for b in batches:
                 tr.step(b, lhs, rhs)
-            best[loss] = min(best[loss], (time.perf_counter() - t0) / len(batches))
+            best[key] = min(best[key], (time.perf_counter() - t0) / len(batches))
     print(f"\nBatchTrainer.step, sparse_bench model, batch 1000, 1 thread, best of {args.rounds}")
-    print("| loss | ms/step | edges/s per thread |")
-    print("|---|---|---|")
-    for loss, s in best.items():
-        print(f"| {loss} | {s * 1e3:.2f} | {1000 / s:,.0f} |")
+    print("| loss | path | ms/step | edges/s per thread | eager / native |")
+    print("|---|---|---|---|---|")
+    for (loss, path), s in best.items():
+        ratio = best[loss, "eager"] / s
+        print(f"| {loss} | {path} | {s * 1e3:.2f} | {1000 / s:,.0f} | {ratio:.2f}x |")
     return 0
 
 

@@ -42,6 +42,7 @@ from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.memory_budget import MemoryPlan, plan_memory
+from bigembed.train.native_step import NativeStep
 from bigembed.train.observers import (
     BucketWork,
     HeldOut,
@@ -175,6 +176,7 @@ class TrainingLoop:
             self.gate,
             group_queries=cfg.train_type == "kvsall",
         )
+        NativeStep.prepare(setup.model, setup.negs)  # built once here, loaded by the workers
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
         started = time.perf_counter()
         try:

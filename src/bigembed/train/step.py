@@ -17,6 +17,7 @@ from bigembed.model.scoring import (
     SideEmbeddings,
 )
 from bigembed.train.all_rows import all_rows_adagrad_update, whole_table_gradient
+from bigembed.train.native_step import NativeStep
 from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
 
 
@@ -55,7 +56,10 @@ class BatchTrainer:
         lr: float,
         relation_lr: float,
         generator: torch.Generator,
+        native: bool = True,
     ) -> None:
+        """``native``: use the native step kernel for the batches it supports
+        (:mod:`bigembed.train.native_step`); False keeps every batch on the eager path."""
         self.model = model
         self.params = [p for p in model.parameters()]
         self.model_states = model_states
@@ -64,10 +68,23 @@ class BatchTrainer:
         self.relation_lr = relation_lr
         self.gen = generator
         self.max_norm = model.spec.max_norm
+        self.native = NativeStep.for_model(model, negs) if native else None
 
     def step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
         if batch.side != "both":
             return self._query_step(batch, lhs, rhs)
+        if self.native is not None:
+            done = self.native.step(
+                batch, lhs.emb, lhs.state, rhs.emb, rhs.state, self.gen, self.lr
+            )
+            if done is not None:
+                dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+                return StepStats(
+                    loss=done.loss,
+                    violators_lhs=done.violators_lhs,
+                    violators_rhs=done.violators_rhs,
+                    count=len(batch),
+                )
         model = self.model
         rcfg = model.relation_spec(batch.relation_idx)
         all_negs = bool(rcfg.all_negs)
