@@ -4,6 +4,7 @@ reference update computed by hand (test_all_entities, test_kvsall)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -47,9 +48,11 @@ def perturbed_model(
     loss: str = "softmax",
     dynamic: bool = True,
     num_dynamic_relations: int = 3,
+    **spec_fields: Any,
 ) -> ScoringModel:
-    """A one-type all-entity model (d=8, N3 0.01) whose parameters are moved off their
-    initial values (seed 0), so the operators are not the identity in the comparisons."""
+    """A one-type all-entity model (d=8, N3 0.01; ``spec_fields``: other ModelSpec fields)
+    whose parameters are moved off their initial values (seed 0), so the operators are not
+    the identity in the comparisons."""
     spec = ModelSpec(
         relations=(RelationSpec("e", "e", operator, all_negs=True),),
         entity_dims={"e": 8},
@@ -59,6 +62,7 @@ def perturbed_model(
         global_emb=not dynamic,
         dynamic_relations=dynamic,
         num_dynamic_relations=num_dynamic_relations,
+        **spec_fields,
     )
     torch.manual_seed(0)
     model = ScoringModel(spec)

@@ -174,6 +174,8 @@ PBG_DEFAULTS = {
     "partition_prefetch": True,
     "load_balancing": "cost",
     "relation_init_scale": None,  # None: PBG's identity start of the operators
+    "entity_dropout": 0.0,  # 0: no dropout, as PBG
+    "relation_dropout": 0.0,
 }
 
 

@@ -71,17 +71,17 @@ def _reference_ranks_auc(pos: torch.Tensor, blocks: list[torch.Tensor]):
     below, valid = torch.zeros(pos.shape[0]), torch.zeros(pos.shape[0])
     p = pos.unsqueeze(1)
     for b in blocks:
-        ranks += torch.count_nonzero(b >= p, dim=1)
         ok = b > MASKED / 2
+        ranks += torch.count_nonzero((b >= p) & ok, dim=1)
         below += ((b < p) & ok).sum(dim=1)
         valid += ok.sum(dim=1)
     return ranks, below / valid.clamp_min(1)
 
 
 def test_fast_ranks_and_auc_equal_the_definitions_bit_for_bit() -> None:
-    """Ties (scores drawn from a few values), masked negatives, a masked positive and a NaN
-    positive, negatives in two blocks: the two-pass counting gives the same ranks and the same
-    AUC bits as the bool-mask definitions."""
+    """Ties (scores drawn from a few values), masked negatives, a masked positive, a NaN
+    positive and positives below the mask value, negatives in two blocks: the two-pass
+    counting gives the same ranks and the same AUC bits as the bool-mask definitions."""
     from bigembed.buckets.metrics import auc_from_scores, ranks_and_auc
     from bigembed.model.negatives import MASKED
 
@@ -94,6 +94,8 @@ def test_fast_ranks_and_auc_equal_the_definitions_bit_for_bit() -> None:
         blk[torch.rand(blk.shape, generator=gen) < 0.1] = MASKED
     pos[3] = MASKED
     pos[5] = float("nan")
+    pos[9] = -float("inf")  # a diverged model: masked negatives still never count
+    pos[11] = MASKED * 4
     blocks[0][7, :] = MASKED  # a row with nothing to rank against
     ranks, auc = ranks_and_auc(pos, blocks)
     want_ranks, want_auc = _reference_ranks_auc(pos, blocks)

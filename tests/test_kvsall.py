@@ -52,8 +52,8 @@ def test_several_pairs_per_anchor_equal_one_copy_of_the_anchor_per_pair(
     assert violators == int((scores.detach() > pos).sum())
 
 
-def _model(comparator: str = "dot") -> ScoringModel:
-    return perturbed_model("complex_diagonal", comparator)
+def _model(comparator: str = "dot", regularizer: str = "N3") -> ScoringModel:
+    return perturbed_model("complex_diagonal", comparator, regularizer=regularizer)
 
 
 def _queries(side: str, table: torch.Tensor, lidx, ridx, rel, weight) -> QueryBatch:  # type: ignore[no-untyped-def]
@@ -65,12 +65,17 @@ def _queries(side: str, table: torch.Tensor, lidx, ridx, rel, weight) -> QueryBa
     return QueryBatch(side, leaves[0], keys % 3, leaves[1], leaves[2], target, inverse, rel, weight)
 
 
-@pytest.mark.parametrize("comparator", ["dot", "cos"])
-def test_tail_and_head_query_batches_sum_to_the_per_edge_1vsall_step(comparator: str) -> None:
+@pytest.mark.parametrize(
+    ("comparator", "regularizer"), [("dot", "N3"), ("cos", "N3"), ("dot", "N3_factors")]
+)
+def test_tail_and_head_query_batches_sum_to_the_per_edge_1vsall_step(
+    comparator: str, regularizer: str
+) -> None:
     """The grouped tail-query batch plus the grouped head-query batch of some edges (queries
-    repeated: 30 edges over 4 entities x 3 relations) give the loss, N3 term, per-row table
-    gradient and relation-parameter gradients of the per-edge 1-vs-all batch of both sides."""
-    model = _model(comparator)
+    repeated: 30 edges over 4 entities x 3 relations) give the loss, N3 term (either form),
+    per-row table gradient and relation-parameter gradients of the per-edge 1-vs-all batch of
+    both sides."""
+    model = _model(comparator, regularizer)
     rows, n = 4, 30
     torch.manual_seed(1)
     table = torch.randn(rows, 8)

@@ -536,3 +536,52 @@ def test_bucket_timing_leaves_the_eval_before_the_bucket_out_of_the_workers_time
     assert len(buckets) == 4
     for b in buckets:
         assert b["seconds"] - b["load_seconds"] - b["train_seconds"] >= 0.3, b
+
+
+def test_an_abandoned_pool_kills_busy_workers_without_waiting_for_their_task() -> None:
+    """An error or an interrupt in the middle of a step throws the step's work away: closing
+    the pool then kills the workers at once instead of waiting (up to its 5 s deadline) for
+    a task that may last a whole bucket. Worker 1 here sleeps 60 s before its share."""
+    import threading
+    import time
+
+    from bigembed.buckets.negative_settings import negative_settings
+    from bigembed.config import model_spec
+    from bigembed.model.scoring import ScoringModel
+    from bigembed.train.hogwild import HogwildPool, WorkerSetup
+    from bigembed.train.step import Table
+
+    cfg = _config(dimension=8, batch_size=50, num_batch_negs=5, num_uniform_negs=5)
+    model = ScoringModel(model_spec(cfg, 2))
+    model.share_memory()
+    states = [torch.zeros_like(p).share_memory_() for p in model.parameters()]
+    setup = WorkerSetup(model, states, negative_settings(cfg), 0.1, 0.1, 50, False)
+    table = Table(torch.randn(100, 8).share_memory_(), torch.zeros(100).share_memory_())
+    n = 500
+    gen = torch.Generator().manual_seed(0)
+    lhs, rhs = torch.randint(100, (n,), generator=gen), torch.randint(100, (n,), generator=gen)
+    rel = torch.randint(2, (n,), generator=gen)
+    pool = HogwildPool(setup, 2, steal=False)
+    key = ("node", 0)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pool.run({key: table}, [(key, key)] * 2, lhs, rhs, rel, None, 7, stagger=60.0)
+        except BaseException as exc:  # the killed worker is reported to the waiting step
+            errors.append(exc)
+
+    step = threading.Thread(target=run, daemon=True)
+    step.start()
+    deadline = time.monotonic() + 120
+    while pool.board[0, 0] < n / 2:  # worker 0 is done with its half, worker 1 sleeps
+        assert time.monotonic() < deadline, "worker 0 never trained its share"
+        time.sleep(0.05)
+    procs = list(pool._procs)
+    started = time.monotonic()
+    pool.close(abandon=True)
+    assert time.monotonic() - started < 5.0, "waited for the busy worker"
+    assert all(not p.is_alive() for p in procs)
+    assert pool.board[1, 0] == 0, "worker 1 was killed before it trained"
+    step.join(timeout=30)
+    assert not step.is_alive()

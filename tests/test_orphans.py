@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
 from synthetic import graph_config, write_graph
@@ -122,3 +123,43 @@ def test_kill_mid_training_leaves_no_process(config_file: Path) -> None:
         proc.kill()
         raise
     _kill_and_check(proc, mark)
+
+
+def test_sigterm_to_the_process_group_ends_the_run_cleanly(config_file: Path, tmp_path) -> None:
+    """`kill -- -PGID`, `systemctl stop` or a scheduler's preemption: SIGTERM reaches the
+    trainer and its workers at once. The trainer stops them as Ctrl-C does (one line, exit
+    128 + 15, the committed checkpoint intact); no worker dies first and turns it into a
+    "worker died" error, and none is left behind."""
+    mark = uuid.uuid4().hex
+    store = CheckpointStore(config_file.parent / "model")
+    start = store.committed_version()
+    env = dict(os.environ, **{MARK: mark})
+    cmd = [sys.executable, "-m", "bigembed.cli", "train", str(config_file), "--no-progress"]
+    with open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+        )
+        try:
+            _wait_for(lambda: store.committed_version() > start, 120, "a committed training step")
+            workers = [pid for pid in _marked(mark) if pid != proc.pid]
+            assert len(workers) >= 2, "the trainer and its workers"
+            # The signal may reach a worker before the trainer acts on it: the worker must
+            # leave stopping to the trainer, not die (the trainer would report a dead worker).
+            for pid in workers:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(1.0)
+            alive = _marked(mark)
+            assert all(pid in alive for pid in workers), "a worker died of the SIGTERM"
+            os.killpg(proc.pid, signal.SIGTERM)
+            code = proc.wait(timeout=60)
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+    assert code == 128 + signal.SIGTERM, lines[-5:]
+    assert lines[-1] == "bigembed train: interrupted by SIGTERM", lines[-5:]
+    assert not any("Traceback" in line or "leaked" in line for line in lines), lines
+    _wait_for(lambda: not _marked(mark), GRACE_SECONDS, "the workers to exit")
+    assert store.committed_version() > start
+    load_trained(config_file.parent / "model")  # the committed version is whole

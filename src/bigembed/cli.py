@@ -7,6 +7,11 @@ one line and give a non-zero exit status. So are the environment's refusals: an 
 (read-only file system, no permission, disk full, a file where a directory belongs: the message
 names the path) and running out of memory (``MemoryError`` or torch's allocator error).
 Anything else is a bug and keeps its traceback.
+
+SIGTERM (``kill``, ``timeout``, a batch scheduler's preemption, ``systemctl stop``) ends a
+command the way Ctrl-C does: the same clean-up (Hogwild workers stopped, their queues and
+semaphores released, nothing half-committed), one line naming the signal, exit status
+128 + 15. Without this, Python's default action kills the process on the spot.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import importlib
 import importlib.util
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from bigembed import __version__
 from bigembed.errors import BigembedError
@@ -66,6 +74,28 @@ def is_allocation_failure(exc: RuntimeError) -> bool:
     return any(marker in text for marker in _ALLOCATION_MARKERS)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: raised in the main thread, so it unwinds like Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (main thread only: embedding programs calling
+    :func:`main` from a thread keep their own handling). A distributed rank replaces it with its
+    own handler (:mod:`bigembed.distributed.signals`), which also tells the other ranks."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def quiet_torch_loggers() -> None:
+    """torch logs cache statistics and the like at INFO (some at interpreter exit, after our
+    last line); they are not the user's business unless ``--verbose``."""
+    logging.getLogger("torch").setLevel(logging.WARNING)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bigembed",
@@ -102,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose:
+        quiet_torch_loggers()
+    stop_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except BigembedError as exc:
@@ -124,9 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"bigembed {args.command}: error: {OUT_OF_MEMORY} ({_first_line(exc)})", file=sys.stderr
         )
         return BigembedError.exit_code
+    except Terminated:
+        print(f"bigembed {args.command}: interrupted by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"bigembed {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -161,6 +161,8 @@ BIGEMBED_ONLY_KEYS = (
     "tune.startup_trials",
     "load_balancing",
     "relation_init_scale",
+    "entity_dropout",
+    "relation_dropout",
 )
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
@@ -417,7 +419,31 @@ class ConfigSchema(BaseModel):
     regularization_coef: Float = Field(
         default=0.0, ge=0, description="Weight of the N3 regularizer (0 = off)."
     )
-    regularizer: Regularizer = Field(default="N3", description="Regularizer (only N3 exists).")
+    regularizer: Regularizer = Field(
+        default="N3",
+        description="Regularizer: N3 (PBG's: the cubed magnitudes of each edge's entities, one "
+        "of them after its relation operator, and of the operator's parameters) or N3_factors "
+        "(bigembed only: Lacroix et al. 2018's form, entity, relation and entity each on its "
+        "own, as ComplEx-N3 and LibKGE penalise them).",
+    )
+    entity_dropout: Float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="bigembed only: in training, each coordinate of a query's given entity (the "
+        "side that is not ranked, before its relation operator) is zeroed with this probability "
+        "and the others scaled by 1/(1-p) (LibKGE's entity dropout on the query side; the "
+        "ranked candidates are left alone); never in evaluation. Needs dynamic_relations.",
+    )
+    relation_dropout: Float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="bigembed only: in training, each parameter of the relation operator picked "
+        "for a query (complex_diagonal: real and imaginary parts) is zeroed with this "
+        "probability and the others scaled by 1/(1-p) (LibKGE's relation dropout); never in "
+        "evaluation. Needs dynamic_relations.",
+    )
 
     # ---- data / IO
     entity_path: str = Field(
@@ -809,6 +835,12 @@ def _cross_field_problems(cfg: ConfigSchema) -> list[str]:
                 f"none, translation, diagonal or complex_diagonal"
             )
 
+    for key in ("entity_dropout", "relation_dropout"):
+        if getattr(cfg, key) > 0 and not cfg.dynamic_relations:
+            problems.append(
+                f"{key}: applies to the query side of an edge, which needs "
+                f"dynamic_relations: true (one operator per direction); set {key}: 0"
+            )
     for side in ("lhs", "rhs"):
         first: tuple[str, int, int] | None = None  # (type, partitions, relation index)
         for i, rel in enumerate(cfg.relations):
@@ -895,6 +927,9 @@ def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
         compute_dtype=cfg.compute_dtype,
         relation_init_scale=cfg.relation_init_scale,
         seed=cfg.seed,
+        entity_dropout=cfg.entity_dropout,
+        relation_dropout=cfg.relation_dropout,
+        regularizer=cfg.regularizer,
     )
 
 

@@ -125,7 +125,10 @@ def _lower(value: Any) -> Any:
 
 
 def _n3(value: Any) -> Any:
-    return "N3" if isinstance(value, str) and value.strip().lower() == "n3" else value
+    """PBG spells the regularizer ``N3``; accept any case (``n3``, ``n3_factors``)."""
+    if not isinstance(value, str):
+        return value
+    return {"n3": "N3", "n3_factors": "N3_factors"}.get(value.strip().lower(), value)
 
 
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
@@ -192,4 +195,7 @@ BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 #: workers each given an even slice of the bucket).
 LoadBalancingName = Literal["cost", "pbg"]
 LoadBalancing = Annotated[LoadBalancingName, BeforeValidator(_lower)]
-Regularizer = Annotated[Literal["N3"], BeforeValidator(_n3)]
+#: ``N3``: PBG's N3 terms (each edge's given entity after its relation operator, the other
+#: entity, the operator's parameters); ``N3_factors``: Lacroix et al.'s (2018) form, entity,
+#: relation and entity each penalised on its own (bigembed only).
+Regularizer = Annotated[Literal["N3", "N3_factors"], BeforeValidator(_n3)]

@@ -50,18 +50,32 @@ def _blocks_counts(
 
 def ranks_from_scores(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> Tensor:
     """``pos`` (B,), negatives (B, N) or blocks of it -> ranks (B,) as int64."""
-    return _blocks_counts(pos, neg, False)[0].long() + 1
+    ge = _blocks_counts(pos, neg, False)[0]
+    rows = _odd_rows(pos)
+    if rows is not None:
+        ge[rows] = _counts_slow(pos[rows], [b[rows] for b in _blocks(neg)])[0]
+    return ge.long() + 1
 
 
-def _auc_slow(pos: Tensor, neg: Tensor | Sequence[Tensor]) -> Tensor:
-    below = torch.zeros(pos.shape[0])
+def _odd_rows(pos: Tensor) -> Tensor | None:
+    """Rows whose positive is NaN or as low as a mask (a diverged model): there a masked
+    negative can score >= the positive, so the one-pass counts would include it."""
+    odd = ~(pos > MASKED / 2)
+    return odd.nonzero().squeeze(1) if bool(odd.any()) else None
+
+
+def _counts_slow(pos: Tensor, neg: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """(unmasked negatives >= pos, unmasked negatives < pos, unmasked negatives) per row."""
+    at_least = torch.zeros(pos.shape[0], dtype=torch.float64)
+    below = torch.zeros(pos.shape[0])  # float32, as the fast path's AUC
     valid = torch.zeros(pos.shape[0])
     p = pos.unsqueeze(1)
-    for block in _blocks(neg):
+    for block in neg:
         ok = block > MASKED / 2
+        at_least += ((block >= p) & ok).sum(dim=1)
         below += ((block < p) & ok).sum(dim=1)
         valid += ok.sum(dim=1)
-    return below / valid.clamp_min(1)
+    return at_least, below, valid
 
 
 def ranks_and_auc(
@@ -79,11 +93,11 @@ def ranks_and_auc(
         ok = unmasked
     assert ok is not None
     auc = (ok - ge).float() / ok.float().clamp_min(1)
-    odd = ~(pos > MASKED / 2)
-    if bool(odd.any()):
-        rows = odd.nonzero().squeeze(1)
-        blocks = [b[rows] for b in _blocks(neg)]
-        auc[rows] = _auc_slow(pos[rows], blocks)
+    rows = _odd_rows(pos)
+    if rows is not None:
+        at_least, below, valid = _counts_slow(pos[rows], [b[rows] for b in _blocks(neg)])
+        ge[rows] = at_least
+        auc[rows] = below / valid.clamp_min(1)
     return ge.long() + 1, auc
 
 

@@ -8,10 +8,15 @@ checkpointed and optimised like any PyTorch parameter.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 from bigembed.model.names import OPERATOR_NAMES
+
+#: Relation dropout: maps the parameter rows picked for a batch to their dropped-out copy.
+ParamDropout = Callable[[Tensor], Tensor]
 
 
 class Operator(nn.Module):
@@ -35,8 +40,17 @@ class Operator(nn.Module):
         """
         return param if rel is None else param.index_select(0, rel)
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:  # pragma: no cover
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:  # pragma: no cover
+        """``x`` transformed by the operator of each relation in ``rel``; ``drop`` (training
+        with relation dropout, dynamic mode) is applied to each picked parameter block."""
         raise NotImplementedError
+
+    def _picked(self, param: Tensor, rel: Tensor | None, drop: ParamDropout | None) -> Tensor:
+        """:meth:`_pick`, then ``drop`` (relation dropout) on the rows picked."""
+        rows = self._pick(param, rel)
+        return rows if drop is None else drop(rows)
 
     def randomize_(self, scale: float, generator: torch.Generator) -> None:
         """Redraw every parameter from N(0, scale^2) instead of the identity the constructor
@@ -149,7 +163,9 @@ class _ComplexMultiply(torch.autograd.Function):
 
 
 class IdentityOperator(Operator):
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
         return x
 
 
@@ -158,8 +174,10 @@ class TranslationOperator(Operator):
         super().__init__(dim, num_relations)
         self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
-        return x + self._pick(self.translation, rel)
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
+        return x + self._picked(self.translation, rel, drop)
 
     def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
         return self._pick(self.translation, rel).abs()
@@ -170,8 +188,10 @@ class DiagonalOperator(Operator):
         super().__init__(dim, num_relations)
         self.diagonal = nn.Parameter(torch.ones(self._shape(dim)))
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
-        return x * self._pick(self.diagonal, rel)
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
+        return x * self._picked(self.diagonal, rel, drop)
 
     def reg_params(self, rel: Tensor | None = None) -> Tensor | None:
         return self._pick(self.diagonal, rel).abs()
@@ -185,10 +205,14 @@ class LinearOperator(Operator):
             eye = eye.expand(num_relations, dim, dim).clone()
         self.linear_transformation = nn.Parameter(eye)
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
         if rel is None:
             return x @ self.linear_transformation.t()
         mats = self.linear_transformation[rel]  # (..., D, D)
+        if drop is not None:
+            mats = drop(mats)
         return torch.matmul(mats, x.unsqueeze(-1)).squeeze(-1)
 
 
@@ -197,8 +221,10 @@ class AffineOperator(LinearOperator):
         super().__init__(dim, num_relations)
         self.translation = nn.Parameter(torch.zeros(self._shape(dim)))
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
-        return super().forward(x, rel) + self._pick(self.translation, rel)
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
+        return super().forward(x, rel, drop) + self._picked(self.translation, rel, drop)
 
 
 class ComplexDiagonalOperator(Operator):
@@ -211,8 +237,10 @@ class ComplexDiagonalOperator(Operator):
         self.real = nn.Parameter(torch.ones(self._shape(dim // 2)))
         self.imag = nn.Parameter(torch.zeros(self._shape(dim // 2)))
 
-    def forward(self, x: Tensor, rel: Tensor | None = None) -> Tensor:
-        re, im = self._pick(self.real, rel), self._pick(self.imag, rel)
+    def forward(
+        self, x: Tensor, rel: Tensor | None = None, drop: ParamDropout | None = None
+    ) -> Tensor:
+        re, im = self._picked(self.real, rel, drop), self._picked(self.imag, rel, drop)
         return _ComplexMultiply.apply(x, re, im)
 
     def reg_embeddings_sum(self, x: Tensor) -> Tensor:

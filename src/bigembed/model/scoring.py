@@ -18,6 +18,7 @@ against corrupted rhs, so negatives never pass through a per-edge operator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, cast
 
 import torch
@@ -38,7 +39,7 @@ from bigembed.model.negatives import (
     mask_positives,
     shared_negative_scores,
 )
-from bigembed.model.operators import IdentityOperator, Operator, make_operator
+from bigembed.model.operators import IdentityOperator, Operator, ParamDropout, make_operator
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 
@@ -122,6 +123,16 @@ class QueryBatch:
     weight: Tensor | None  # (B,) edge weights
 
 
+def _inverted_dropout(x: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
+    """``x`` with each coordinate zeroed with probability ``p`` and the others scaled by
+    ``1 / (1 - p)``, the mask drawn from ``generator``; ``x`` when ``generator`` is None
+    (evaluation) or ``p`` is 0."""
+    if generator is None or p == 0:
+        return x
+    mask = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p, generator=generator)
+    return x * mask.mul_(1 / (1 - p))
+
+
 def _operator(operators: nn.ModuleList, idx: int) -> Operator:
     """``operators[idx]``: the lists hold only operators (made by ``make_operator``), which
     ``nn.ModuleList`` indexing, typed ``Module``, cannot say."""
@@ -149,6 +160,10 @@ class ScoringModel(nn.Module):
         )
         self.all_entities_kernel = self.fusable_loss and spec.loss == "softmax"
         self.reg_coef = float(spec.regularization_coef)
+        self.reg_factors = spec.regularizer == "N3_factors"
+        self.entity_dropout = float(spec.entity_dropout)
+        self.relation_dropout = float(spec.relation_dropout)
+        self.dropout = self.entity_dropout > 0 or self.relation_dropout > 0
         try:
             self.compute_dtype = _COMPUTE_DTYPES[spec.compute_dtype]
         except KeyError:
@@ -283,6 +298,17 @@ class ScoringModel(nn.Module):
         assert whole is not None  # gather_side gathers the whole partition with all_negs
         return all_entity_softmax_loss(anchors, whole, idx, weight, self.compute_dtype)
 
+    def _anchor(
+        self, op: Operator, x: Tensor, rel: Tensor, generator: torch.Generator | None
+    ) -> Tensor:
+        """The query anchor ``op(x, rel)`` of a dynamic relation, with entity dropout on ``x``
+        and relation dropout on the operator's parameter rows picked for ``rel`` (training:
+        ``generator`` set; the masks are drawn in that order)."""
+        drop: ParamDropout | None = None
+        if generator is not None and self.relation_dropout > 0:
+            drop = partial(_inverted_dropout, p=self.relation_dropout, generator=generator)
+        return op(_inverted_dropout(x, self.entity_dropout, generator), rel, drop)
+
     def _reg(
         self, operator: Operator, src: Tensor, dst: Tensor, rel: Tensor | None, chunks: int
     ) -> Tensor:
@@ -314,8 +340,10 @@ class ScoringModel(nn.Module):
         rel: Tensor,
         relation_idx: int,
         negs: NegativeSettings,
+        generator: torch.Generator | None = None,
     ) -> tuple[list[Corruption], Tensor]:
-        """The two corrupted sides and the regularizer term of a batch."""
+        """The two corrupted sides and the regularizer term of a batch (``generator``: the
+        entity dropout masks of training, :meth:`_dropout`)."""
         rspec = self.relation_spec(relation_idx)
         cmp = self.comparator
         lhs_x = self._adjust(lhs.pos, rspec.lhs)
@@ -353,21 +381,32 @@ class ScoringModel(nn.Module):
                 corruption(lhs_pos, lhs_p, lhs, rspec.lhs, None, rhs_t, not negs.disable_lhs),
                 corruption(rhs_pos, rhs_t, rhs, rspec.rhs, op, lhs_p, not negs.disable_rhs),
             ]
-            reg = self._reg(op, lhs_p, rhs_t, None, chunks)
+            reg_rhs = cmp.prepare(rhs_x) if self.reg_factors else rhs_t
+            reg = self._reg(op, lhs_p, reg_rhs, None, chunks)
         else:
             rhs_op, lhs_op = self.rhs_operator(0), self.lhs_operator()
             lhs_p = cmp.prepare(lhs_x)
             rhs_p = cmp.prepare(rhs_x)
-            rhs_t = cmp.prepare(rhs_op(rhs_x, rel))
-            lhs_t = cmp.prepare(lhs_op(lhs_x, rel))
+            # Each side is the anchor (given entity) of the other side's corruption: entity
+            # dropout applies to it there, not where it is the true answer.
+            rhs_t = cmp.prepare(self._anchor(rhs_op, rhs_x, rel, generator))
+            lhs_t = cmp.prepare(self._anchor(lhs_op, lhs_x, rel, generator))
             lhs_pos = cmp.pos(lhs_p, rhs_t)
             rhs_pos = cmp.pos(rhs_p, lhs_t)
             sides = [
                 corruption(lhs_pos, lhs_p, lhs, rspec.lhs, None, rhs_t, not negs.disable_lhs),
                 corruption(rhs_pos, rhs_p, rhs, rspec.rhs, None, lhs_t, not negs.disable_rhs),
             ]
-            reg = self._reg(rhs_op, lhs_p, rhs_t, rel, chunks) + self._reg(
-                lhs_op, rhs_p, lhs_t, rel, chunks
+            if self.reg_factors:
+                reg_l, reg_r = rhs_p, lhs_p
+            elif generator is not None and self.dropout:
+                # The penalty is on the parameters, not on the dropped-out copies.
+                reg_l = cmp.prepare(rhs_op(rhs_x, rel))
+                reg_r = cmp.prepare(lhs_op(lhs_x, rel))
+            else:
+                reg_l, reg_r = rhs_t, lhs_t
+            reg = self._reg(rhs_op, lhs_p, reg_l, rel, chunks) + self._reg(
+                lhs_op, rhs_p, reg_r, rel, chunks
             )
 
         return sides, reg
@@ -381,8 +420,10 @@ class ScoringModel(nn.Module):
         weight: Tensor | None,
         negs: NegativeSettings,
         need_scores: bool = True,
+        generator: torch.Generator | None = None,
     ) -> BatchScores:
         """Score a batch; ``rel`` holds per-edge relation ids (used in dynamic mode only).
+        ``generator`` (training only) draws the entity dropout masks.
 
         With ``need_scores=False`` (training) the loss may be computed by the fused kernel,
         which keeps no negative score blocks (``lhs_neg``/``rhs_neg`` are empty and the
@@ -393,7 +434,7 @@ class ScoringModel(nn.Module):
         fused = not need_scores and self._fusable(negs, all_negs)
         # The all-entity kernel is a softmax: other fusable losses take the score-block path.
         fused_all = not need_scores and all_negs and self.all_entities_kernel
-        sides, reg = self._corrupt(lhs, rhs, rel, relation_idx, negs)
+        sides, reg = self._corrupt(lhs, rhs, rel, relation_idx, negs, generator)
         lhs_pos, rhs_pos = sides[0].pos, sides[1].pos
 
         if fused or fused_all:
@@ -413,14 +454,17 @@ class ScoringModel(nn.Module):
         loss = loss * float(rspec.weight)
         return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)
 
-    def query_loss(self, queries: QueryBatch) -> BatchScores:
+    def query_loss(
+        self, queries: QueryBatch, generator: torch.Generator | None = None
+    ) -> BatchScores:
         """The 1-vs-all softmax loss of a batch of grouped queries (``train_type: KvsAll``,
         dynamic relations only): every distinct query of one side scored once against all
         candidates, each of its edges' true entities a positive.
 
         Loss, gradients and N3 terms are those of the per-edge 1-vs-all path restricted to the
         queries' side (:meth:`forward` with the other side disabled), summed over the batch's
-        edges: the anchor term of the regulariser counts once per edge.
+        edges: the anchor term of the regulariser counts once per edge. ``generator``
+        (training only) draws the entity dropout mask, one per distinct query.
         """
         if not self.dynamic or not self.all_entities_kernel:
             raise ValueError("grouped queries need dynamic relations, softmax and dot or cos")
@@ -431,7 +475,8 @@ class ScoringModel(nn.Module):
             op, given_type, target_type = self.lhs_operator(), rspec.lhs, rspec.rhs
         else:
             op, given_type, target_type = self.rhs_operator(0), rspec.rhs, rspec.lhs
-        anchors = cmp.prepare(op(self._adjust(queries.given, given_type), queries.query_rel))
+        given = self._adjust(queries.given, given_type)
+        anchors = cmp.prepare(self._anchor(op, given, queries.query_rel, generator))
         candidates = cmp.prepare(self._adjust(queries.whole, target_type))
         loss, violators = all_entity_softmax_loss(
             anchors,
@@ -444,7 +489,15 @@ class ScoringModel(nn.Module):
         loss = loss * float(rspec.weight)
         per_edge_anchors = anchors.index_select(0, queries.query_of_edge)
         targets = cmp.prepare(self._adjust(queries.targets, target_type))
-        reg = self._reg(op, targets, per_edge_anchors, queries.rel, 1)
+        if self.reg_factors:
+            reg_anchors = cmp.prepare(given).index_select(0, queries.query_of_edge)
+        elif generator is not None and self.dropout:
+            # The penalty is on the parameters, not on the dropped-out copies.
+            reg_anchors = cmp.prepare(op(given, queries.query_rel))
+            reg_anchors = reg_anchors.index_select(0, queries.query_of_edge)
+        else:
+            reg_anchors = per_edge_anchors
+        reg = self._reg(op, targets, reg_anchors, queries.rel, 1)
         pos = cmp.pos(targets.detach(), per_edge_anchors.detach())
         none = pos.new_zeros(0)
         if queries.side == "rhs":

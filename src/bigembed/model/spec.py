@@ -50,6 +50,14 @@ class ModelSpec:
     # None: operators start as the identity (PBG); a number: their parameters start N(0, s^2)
     relation_init_scale: float | None = None
     seed: int = 0  # seeds the random operator initialization (relation_init_scale)
+    # Training only: each coordinate of a query's given entity (the anchor side, before its
+    # operator) is zeroed with this probability, the others scaled by 1 / (1 - p).
+    entity_dropout: float = 0.0
+    # Training only: the same on the relation operator's parameters picked for each query.
+    relation_dropout: float = 0.0
+    # "N3": PBG's terms (the anchor side after its operator); "N3_factors": Lacroix et al.'s
+    # (entity, relation and entity each on its own).
+    regularizer: str = "N3"
 
     @property
     def num_relations(self) -> int:

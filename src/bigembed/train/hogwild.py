@@ -392,16 +392,18 @@ class HogwildPool:
                 self._check_alive()
                 continue
             if status == "error":
-                self.close()
+                self.close(abandon=True)
                 raise RuntimeError(f"Hogwild worker {rank} failed:\n{payload}")
             pending.discard(rank)
             yield payload
 
     def _check_alive(self) -> None:
+        if not self._procs:  # closed (by another thread) while a step waited for replies
+            raise BigembedError("the Hogwild workers were stopped")
         for rank, p in enumerate(self._procs):
             if not p.is_alive():
                 code = p.exitcode
-                self.close()
+                self.close(abandon=True)
                 hint = ""
                 if code == -signal.SIGBUS:
                     hint = " (SIGBUS: /dev/shm is full; enlarge it or use more partitions)"
@@ -409,13 +411,22 @@ class HogwildPool:
                     hint = " (SIGKILL: probably out of memory)"
                 raise BigembedError(f"Hogwild worker {rank} died with exit code {code}{hint}")
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Stop the workers: each is told to exit after its task (they are idle between
+        steps). ``abandon`` (an error, Ctrl-C or SIGTERM in the middle of a step, whose work
+        is thrown away): kill them at once rather than wait for them to finish a task that
+        may last a whole bucket. Either way no worker outlives this call by more than ~5 s."""
         for rank, p in enumerate(self._procs):
-            if p.is_alive():
+            if not p.is_alive():
+                continue
+            if abandon:
+                p.kill()
+            else:
                 with contextlib.suppress(OSError, ValueError):
                     self._tasks[rank].put(None)
+        deadline = time.monotonic() + 5
         for p in self._procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)

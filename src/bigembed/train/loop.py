@@ -179,6 +179,7 @@ class TrainingLoop:
         NativeStep.prepare(setup.model, setup.negs)  # built once here, loaded by the workers
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
         started = time.perf_counter()
+        finished = False
         try:
             for it in iterations(cfg.num_epochs, len(cfg.edge_paths), self.job.num_chunks, start):
                 try:
@@ -193,8 +194,9 @@ class TrainingLoop:
                 result.last_step = step
                 if result.stopped is not None:
                     break
+            finished = True
         finally:
-            pool.close()
+            pool.close(abandon=not finished)  # an error or interrupt: the step is thrown away
             self.partitions.close()
         result.seconds = time.perf_counter() - started
         result.peak_partition_bytes = self.partitions.peak_bytes

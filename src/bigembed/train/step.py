@@ -102,6 +102,7 @@ class BatchTrainer:
             batch.weight,
             self.negs,
             need_scores=False,
+            generator=self.gen,
         )
         total = scores.loss + scores.reg
         total.backward()
@@ -149,7 +150,7 @@ class BatchTrainer:
             batch.rel,
             batch.weight,
         )
-        scores = self.model.query_loss(queries)
+        scores = self.model.query_loss(queries, self.gen)
         (scores.loss + scores.reg).backward()
         with torch.no_grad():
             whole = queries.whole.grad

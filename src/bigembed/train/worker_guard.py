@@ -65,7 +65,11 @@ def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: 
     work-stealing counter, a lock).
     """
     guard_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    # The parent handles Ctrl-C and SIGTERM (sent to the whole process group by a terminal,
+    # `kill -- -PGID` or `systemctl stop`) and stops us; dying here first would turn a clean
+    # interruption into a "worker died" error.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from bigembed.train.hogwild import worker_main
 
     worker_main(rank, tasks, results, *shared)
