@@ -115,6 +115,7 @@ def test_native_step_matches_eager(case: tuple) -> None:
             _spec("dot", "softmax", "none", True, regularization_coef=0.1),
             NegativeSettings(5, 5, 10),
         ),
+        (_spec("cos", "ranking", "none", True, entity_dropout=0.2), NegativeSettings(5, 5, 10)),
         (_spec("cos", "ranking", "none", True), NegativeSettings(5, 0, 10)),
         (_spec("cos", "ranking", "none", True), NegativeSettings(5, 600, 10)),
         (
@@ -122,7 +123,17 @@ def test_native_step_matches_eager(case: tuple) -> None:
             NegativeSettings(5, 5, 10),
         ),
     ],
-    ids=["linear", "l2", "bias", "max_norm", "regularizer", "no-uniform", "wide", "dynamic"],
+    ids=[
+        "linear",
+        "l2",
+        "bias",
+        "max_norm",
+        "regularizer",
+        "dropout",
+        "no-uniform",
+        "wide",
+        "dynamic",
+    ],
 )
 def test_configs_outside_the_kernel_take_the_eager_path(
     spec: ModelSpec, negs: NegativeSettings

@@ -12,7 +12,7 @@ It applies to a batch when (else the eager path, the reference, runs):
   ``translation`` or ``diagonal``, ``all_negs`` off, not a grouped-query (KvsAll) batch;
 * comparator ``dot`` or ``cos`` without ``bias``, loss ``ranking``, ``softmax`` or
   ``logistic``, ``compute_dtype: float32``;
-* ``regularization_coef: 0``, no ``max_norm``;
+* ``regularization_coef: 0``, no ``max_norm``, no ``entity_dropout``/``relation_dropout``;
 * uniform negatives (``num_uniform_negs > 0``), at most :data:`MAX_NEGATIVES` negatives per
   positive and dimension at most :data:`MAX_DIMENSION` (beyond that torch's products, on
   more threads, are the better choice);
@@ -95,6 +95,7 @@ def _model_supported(model: ScoringModel, negs: NegativeSettings) -> bool:
         and model.fusable_loss
         and model.compute_dtype == torch.float32
         and model.reg_coef == 0
+        and not model.dropout
         and spec.max_norm is None
         and negs.num_uniform_negs > 0
         and negs.num_uniform_negs + negs.num_batch_negs <= MAX_NEGATIVES
