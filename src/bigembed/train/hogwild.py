@@ -1,8 +1,10 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the shuffled edges, trains its part of them, and reports stats. How
-the edges are split (config ``load_balancing``):
+shared-memory tables and the shuffled edges (each object sent once and then named by a token,
+see :mod:`bigembed.train.worker_cache`; the edges in reused buffers,
+:mod:`bigembed.train.edge_buffers`), trains its part of them, and reports stats. How the edges
+are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
   (:func:`~bigembed.buckets.batching.batch_plan`, PBG's batching rule over the whole bucket) and
@@ -454,10 +456,11 @@ class HogwildPool:
         self.last_busy = [a - b for a, b in zip(busy_after, busy_before, strict=True)]
         return total
 
-    def forget(self, table: Table) -> Callable[[], None]:
-        """``table`` leaves the resident set (the partition store's ``on_release``): tell every
-        worker to drop it now, ahead of any later task; returns the wait for their
-        acknowledgement, which the write-back calls before the table counts as freed."""
+    def forget(self, key: PartitionKey, table: Table) -> Callable[[], None]:
+        """Partition ``key`` leaves the resident set (the partition store's ``on_release``): if
+        the workers hold its ``table``, tell every worker to drop it now, ahead of any later
+        task; returns the wait for their acknowledgement, which the write-back calls before the
+        table counts as freed."""
         token = self.sent.forget(table) if self.workers > 1 else None
         if token is None:
             return _nothing

@@ -439,6 +439,7 @@ class Trainer:
             max_edges,
             cfg.resolved_workers(),
             per_bucket,
+            read_ahead=cfg.partition_prefetch,
         )
         if self._capacity is not None:
             plan = replace(plan, capacity=max(self._capacity, per_bucket))

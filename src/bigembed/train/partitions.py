@@ -96,9 +96,10 @@ class PartitionStore:
     (None: no limit); ``on_event``: called with each event (see ``events``) as it happens.
 
     ``on_release`` (set by the training loop to its Hogwild pool's ``forget``): called in the
-    training thread with each table taken out of the resident set; the callable it returns is
-    called once the table is written back and before it counts as freed (the Hogwild workers
-    keep the tables they were sent mapped until then; see :mod:`bigembed.train.worker_cache`).
+    training thread with each partition (key, table) taken out of the resident set; the
+    callable it returns is called once the table is written back and before it counts as freed
+    (the Hogwild workers keep the tables they were sent mapped until then; see
+    :mod:`bigembed.train.worker_cache`).
     """
 
     def __init__(
@@ -137,7 +138,7 @@ class PartitionStore:
         self.managed = managed
         self.deadline = deadline
         self.on_event = on_event
-        self.on_release: Callable[[Table], Callable[[], None]] | None = None
+        self.on_release: Callable[[PartitionKey, Table], Callable[[], None]] | None = None
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
@@ -309,7 +310,7 @@ class PartitionStore:
         table = self.loaded.pop(key)
         self.dirty.discard(key)
         self._event("write_queued", key)
-        released = self.on_release(table) if self.on_release is not None else None
+        released = self.on_release(key, table) if self.on_release is not None else None
 
         def write() -> None:
             self._save(key, table)
