@@ -262,7 +262,7 @@ class TrainingLoop:
             records.append(record)
             # Drop this bucket's tables now: held until the next ensure() returns, a partition
             # it swaps out would stay in memory beside the one it loads.
-            del work, train_edges
+            del work, train_edges, tables
         training()
 
         self.checkpoints.save_step(it, store)
