@@ -27,7 +27,10 @@ starting workers and touching every partition) it reports:
 
 ``--prefetch both`` also runs every pair with ``partition_prefetch: false`` (distributed: no
 look-ahead grant, partitions read and written back between buckets) to show what the overlap
-buys.
+buys. ``--src NAME=DIR`` (repeatable) runs every pair once per source tree (``PYTHONPATH=DIR``),
+interleaved, to compare two versions of bigembed in one run (e.g. ``--src before=../main/src
+--src after=src``). With ``--repeats`` above 1 a second table gives the median of each
+figure over the repeats.
 
     python bench/balance_bench.py                      # 60k users, 3k items, 600k edges, 8 parts
     python bench/balance_bench.py --edges 100000 --epochs 2 --repeats 1   # quick look
@@ -38,6 +41,7 @@ buys.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -159,7 +163,13 @@ def graph_config(root: Path, parts: int, dimension: int, epochs: int) -> dict[st
 
 
 def run_one(
-    cfg_path: Path, ckpt: Path, command: str, ranks: int, extra: list[str], policy: str
+    cfg_path: Path,
+    ckpt: Path,
+    command: str,
+    ranks: int,
+    extra: list[str],
+    policy: str,
+    src: str | None = None,
 ) -> dict[str, float]:
     shutil.rmtree(ckpt, ignore_errors=True)
     argv = [sys.executable, "-m", "bigembed.cli", command, str(cfg_path)]
@@ -168,6 +178,8 @@ def run_one(
         argv += ["-p", p]
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
+    if src is not None:
+        env["PYTHONPATH"] = src
     started = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(argv, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
@@ -231,8 +243,18 @@ def main() -> int:
     parser.add_argument(
         "-p", "--param", action="append", default=[], help="KEY=VALUE for every run (repeatable)"
     )
+    parser.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="run every pair with PYTHONPATH=DIR too (repeatable; interleaved)",
+    )
     parser.add_argument("--workdir", default="/tmp/bigembed_balance_bench")
     args = parser.parse_args()
+    sources: list[tuple[str, str | None]] = [
+        (name, str(Path(d).resolve())) for name, _, d in (x.partition("=") for x in args.src)
+    ] or [("", None)]
 
     workdir = Path(args.workdir)
     graph = workdir / f"graph_{args.users}_{args.items}_{args.edges}_{args.partitions}"
@@ -250,13 +272,14 @@ def main() -> int:
         for label, command, ranks, extra in CONFIGS:
             if args.only and label != args.only:
                 continue
-            for pf in prefetch:
+            for pf, (name, src) in itertools.product(prefetch, sources):
                 pair = {}
                 tag = label if args.prefetch == "on" else f"{label}, prefetch {pf}"
+                tag = f"{tag}, {name}" if name else tag
                 for policy in ("pbg", "cost"):
                     ckpt = workdir / f"ckpt_{ranks}_{policy}"
                     more = [*extra, f"partition_prefetch={pf}", *args.param]
-                    pair[policy] = run_one(cfg_path, ckpt, command, ranks, more, policy)
+                    pair[policy] = run_one(cfg_path, ckpt, command, ranks, more, policy, src)
                     rows.append((tag, policy, rep, pair[policy]))
                 pair["cost"]["speedup"] = pair["pbg"]["epoch_s"] / pair["cost"]["epoch_s"]
                 pair["pbg"]["speedup"] = 1.0
@@ -284,15 +307,32 @@ def main() -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for label, policy, rep, r in rows:
-        print(
-            f"| {label} | {policy} | {rep + 1} | {r['epoch_s']:.2f} | {r['speedup']:.2f}x | "
-            f"{r['rank_idle_mean']:.1%} / {r['rank_idle_max']:.1%} | "
-            f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | "
-            f"{'n/a' if r['part_wait'] is None else format(r['part_wait'], '.1%')} | "
-            f"{r['edges_per_s']:,.0f} | "
-            f"{r['cpu_use']:.0%} | {r['loss']:.4f} |"
-        )
+        print(_row(label, policy, str(rep + 1), r))
+    if args.repeats > 1:
+        print(f"\nMedians over the {args.repeats} repeats (each figure separately):\n")
+        print("| " + " | ".join(head).replace("| repeat ", "| repeats ") + " |")
+        print("|" + "|".join("---" for _ in head) + "|")
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for label, policy, _, r in rows:
+            groups.setdefault((label, policy), []).append(r)
+        for (label, policy), rs in groups.items():
+            med = {
+                k: None if any(r[k] is None for r in rs) else float(np.median([r[k] for r in rs]))
+                for k in rs[0]
+            }
+            print(_row(label, policy, str(len(rs)), med))
     return 0
+
+
+def _row(label: str, policy: str, repeat: str, r: dict[str, Any]) -> str:
+    return (
+        f"| {label} | {policy} | {repeat} | {r['epoch_s']:.2f} | {r['speedup']:.2f}x | "
+        f"{r['rank_idle_mean']:.1%} / {r['rank_idle_max']:.1%} | "
+        f"{r['worker_idle_max']:.1%} | {r['io_wait']:.1%} | "
+        f"{'n/a' if r['part_wait'] is None else format(r['part_wait'], '.1%')} | "
+        f"{r['edges_per_s']:,.0f} | "
+        f"{r['cpu_use']:.0%} | {r['loss']:.4f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -653,8 +653,10 @@ class ConfigSchema(BaseModel):
         default=True,
         description="bigembed only: read the next bucket's partitions and write evicted ones "
         "back in background threads while a bucket trains. One machine: when the memory "
-        "budget holds more than one bucket's partitions. Distributed: the lock server grants "
-        "one bucket ahead and a partition is released only once written back "
+        "budget holds more than one bucket's partitions; the next bucket's edges are also "
+        "read, shuffled and planned in the background (same edges, same order). "
+        "Distributed: the lock server grants one bucket ahead and a partition is released "
+        "only once written back "
         "(docs/distributed.md).",
     )
     communication: CommunicationSchema = Field(

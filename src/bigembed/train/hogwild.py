@@ -1,8 +1,10 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
 A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the shuffled edges, trains its part of them, and reports stats. How
-the edges are split (config ``load_balancing``):
+shared-memory tables and the shuffled edges (each object sent once and then named by a token,
+see :mod:`bigembed.train.worker_cache`; the edges in reused buffers,
+:mod:`bigembed.train.edge_buffers`), trains its part of them, and reports stats. How the edges
+are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
   (:func:`~bigembed.buckets.batching.batch_plan`, PBG's batching rule over the whole bucket) and
@@ -25,10 +27,12 @@ killed while they start up (see :mod:`bigembed.train.worker_guard`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -47,8 +51,10 @@ from bigembed.errors import BigembedError
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
 from bigembed.train.batch_gate import BatchGate
+from bigembed.train.edge_buffers import EdgeBuffer, EdgeBuffers, PreparedEdges
 from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.step import BatchTrainer, StepStats, Table
+from bigembed.train.worker_cache import Drop, Handle, SentObjects, WorkerCache
 from bigembed.train.worker_guard import worker_entry
 
 logger = logging.getLogger(__name__)
@@ -72,6 +78,53 @@ class BucketTask:
     # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
     # array sent by value (one more shared-memory tensor per task costs more than it).
     plan: np.ndarray | None = None
+
+
+@dataclass
+class BucketMessage:
+    """A :class:`BucketTask` as sent to a worker: the tables and the edge buffer as handles
+    (see :mod:`bigembed.train.worker_cache`), the edges being the first ``count`` rows."""
+
+    tables: dict[PartitionKey, Handle[Table]]
+    sides: list[tuple[PartitionKey, PartitionKey]]
+    edges: Handle[EdgeBuffer]
+    count: int
+    start: int
+    end: int
+    seed: int
+    delay: float
+    plan: np.ndarray | None
+
+    def resolve(self, cache: WorkerCache) -> BucketTask:
+        buf = cache.resolve(self.edges)
+        n = self.count
+        return BucketTask(
+            {k: cache.resolve(h) for k, h in self.tables.items()},
+            self.sides,
+            buf.lhs[:n],
+            buf.rhs[:n],
+            buf.rel[:n],
+            None if buf.weight is None else buf.weight[:n],
+            self.start,
+            self.end,
+            self.seed,
+            self.delay,
+            self.plan,
+        )
+
+
+@dataclass
+class EvalMessage:
+    """An :class:`EvalTask` as sent to a worker (the tables as handles)."""
+
+    tables: dict[PartitionKey, Handle[Table]]
+    sides: list[tuple[PartitionKey, PartitionKey]]
+    plan: EvalPlan
+    workers: int
+
+    def resolve(self, cache: WorkerCache) -> EvalTask:
+        tables = {k: cache.resolve(h) for k, h in self.tables.items()}
+        return EvalTask(tables, self.sides, self.plan, self.workers)
 
 
 @dataclass
@@ -206,6 +259,10 @@ def worker_main(
 ) -> None:
     """The worker loop; its first message is ``(setup, board)``, then tasks until ``None``.
 
+    Tasks come as :class:`BucketMessage` / :class:`EvalMessage` whose tables and edges are
+    kept in a :class:`WorkerCache` until a :class:`Drop` names them (acknowledged in the
+    board's ``ACK`` column when it has a sequence number).
+
     Runs after :func:`bigembed.train.worker_guard.worker_entry` has tied the process's life to
     the trainer's.
     """
@@ -213,35 +270,48 @@ def worker_main(
     torch.set_num_threads(1)
     keep_freed_memory()
     trainer = _make_trainer(setup)
+    cache = WorkerCache()
 
     def progress(edges: int, loss: float) -> None:
         board[rank, 0] += edges
         board[rank, 1] += loss
 
     while True:
-        task = tasks.get()
-        if task is None:
+        message = tasks.get()
+        if message is None:
             return
+        if isinstance(message, Drop):
+            cache.drop(message.tokens)
+            if message.seq > 0:
+                board[rank, ACK] = float(message.seq)
+            continue
         # (rank, "ok", stats or eval results) or (rank, "error", text)
         reply: tuple[int, str, StepStats | list[tuple[int, UnitResult]] | str]
         started = time.perf_counter()
+        delay = 0.0
+        task: BucketTask | EvalTask | None = None
         try:
+            task = message.resolve(cache)
             if isinstance(task, EvalTask):
                 reply = (rank, "ok", run_eval_task(setup, task, rank, batches))
             else:
+                delay = task.delay
                 reply = (rank, "ok", run_task(setup, task, trainer, progress, rank, batches))
         except Exception:
             reply = (rank, "error", traceback.format_exc())
-        if not isinstance(task, EvalTask):  # the board's busy time is training time
-            board[rank, BUSY] += time.perf_counter() - started - task.delay
-        # Drop the task's tables before replying: once the trainer has every reply it may evict
-        # a partition, and a mapping still held here would keep its shared memory alive.
-        del task
+        if isinstance(message, BucketMessage):  # the board's busy time is training time
+            board[rank, BUSY] += time.perf_counter() - started - delay
+        # Only the cache holds the tables now: the trainer's Drop (acknowledged) releases them
+        # before an evicted partition's memory counts as free.
+        task = None
+        del message
         results.put(reply)
 
 
 #: Column of the progress board holding each worker's seconds spent training tasks.
 BUSY = 2
+#: Column of the progress board holding the last acknowledged :class:`Drop` sequence number.
+ACK = 3
 
 
 class HogwildPool:
@@ -251,10 +321,14 @@ class HogwildPool:
         self.setup = setup
         self.workers = workers
         self.steal = steal
-        self.board = torch.zeros((workers, 3), dtype=torch.float64)
+        self.board = torch.zeros((workers, 4), dtype=torch.float64)
         self.last_busy: list[float] = []  # per worker: seconds busy in the last run()
         self._procs: list[BaseProcess] = []
         self._batches: BatchQueue | None = None
+        self.sent = SentObjects()  # what every worker holds (see bigembed.train.worker_cache)
+        self.buffers = EdgeBuffers()
+        self._drop_lock = threading.Lock()
+        self._drop_seq = 0
         if workers > 1:
             ctx = mp.get_context("spawn")
             self.board.share_memory_()
@@ -278,8 +352,30 @@ class HogwildPool:
             self._trainer = _make_trainer(setup)
 
     def progress(self) -> tuple[int, float]:
-        edges, loss, _ = self.board.sum(dim=0).tolist()
+        edges, loss = self.board[:, :2].sum(dim=0).tolist()
         return int(edges), float(loss)
+
+    def prepare(
+        self, lhs: Tensor, rhs: Tensor, rel: Tensor, weight: Tensor | None, seed: int
+    ) -> PreparedEdges:
+        """The given (already shuffled) edges made ready for :meth:`train`: with work stealing
+        the batch plan, and with several workers the edges in plan order in a shared
+        :class:`~bigembed.train.edge_buffers.EdgeBuffer`. Safe to call from another thread
+        while a bucket trains (the loop's edge read-ahead)."""
+        if self.workers == 1:
+            return PreparedEdges(lhs, rhs, rel, weight, seed)
+        plan: np.ndarray | None = None
+        order: Tensor | None = None
+        if self._batches is not None:
+            order, plan = batch_plan(
+                rel,
+                self.setup.batch_size,
+                self.setup.dynamic,
+                np.random.default_rng(seed),
+                (lhs, rhs) if self.setup.group_queries else None,
+            )
+        # in plan order: batch k is rows plan[k, 0]:plan[k, 1] of the buffer
+        return self.buffers.fill((lhs, rhs, rel, weight), order, seed, plan)
 
     def run(
         self,
@@ -293,67 +389,104 @@ class HogwildPool:
         on_wait: Callable[[], None] = lambda: None,
         stagger: float = 0.0,
     ) -> StepStats:
-        """Train the given (already shuffled) edges; returns the summed stats of all workers.
+        """:meth:`prepare` the given (already shuffled) edges, then :meth:`train` them."""
+        edges = self.prepare(lhs, rhs, rel, weight, seed)
+        return self.train(tables, sides, edges, on_wait, stagger)
+
+    def train(
+        self,
+        tables: dict[PartitionKey, Table],
+        sides: list[tuple[PartitionKey, PartitionKey]],
+        edges: PreparedEdges,
+        on_wait: Callable[[], None] = lambda: None,
+        stagger: float = 0.0,
+    ) -> StepStats:
+        """Train prepared edges; returns the summed stats of all workers.
 
         ``stagger`` delays every worker but the first (PBG's ``hogwild_delay``, which lets the
         first worker move the fresh embeddings away from their initial values alone).
         """
-        n = int(lhs.shape[0])
+        n, seed = edges.count, edges.seed
         bounds = np.linspace(0, n, self.workers + 1).astype(np.int64)
         busy_before = self.board[:, BUSY].tolist()
         if self.workers == 1:
 
-            def progress(edges: int, loss: float) -> None:
-                self.board[0, 0] += edges
+            def progress(count: int, loss: float) -> None:
+                self.board[0, 0] += count
                 self.board[0, 1] += loss
                 on_wait()
 
-            task = BucketTask(tables, sides, lhs, rhs, rel, weight, 0, n, seed)
+            task = BucketTask(
+                tables, sides, edges.lhs, edges.rhs, edges.rel, edges.weight, 0, n, seed
+            )
             started = time.perf_counter()
             stats = run_task(self.setup, task, self._trainer, progress)
             self.board[0, BUSY] += time.perf_counter() - started
             self.last_busy = [float(self.board[0, BUSY]) - busy_before[0]]
             return stats
-        plan: np.ndarray | None = None
-        if self._batches is not None:
-            order, plan = batch_plan(
-                rel,
-                self.setup.batch_size,
-                self.setup.dynamic,
-                np.random.default_rng(seed),
-                (lhs, rhs) if self.setup.group_queries else None,
-            )
-            if order is not None:  # put the edges in plan order: batches become slices
-                lhs, rhs, rel = lhs[order], rhs[order], rel[order]
-                weight = None if weight is None else weight[order]
-            self._batches.reset()
-        for t in (lhs, rhs, rel, weight):
-            if t is not None:
-                t.share_memory_()  # in place: the tasks pickle handles to shared memory
-        for rank in range(self.workers):
-            self._tasks[rank].put(
-                BucketTask(
-                    tables,
-                    sides,
-                    lhs,
-                    rhs,
-                    rel,
-                    weight,
-                    int(bounds[rank]),
-                    int(bounds[rank + 1]),
-                    seed * 1000 + rank,
-                    stagger if rank > 0 else 0.0,
-                    plan,
+        assert edges.buffer is not None, "prepare() the edges of a pool with several workers"
+        try:
+            if self._batches is not None:
+                self._batches.reset()
+            self._send_lazy_drops()
+            handles = {k: self.sent.handle(t) for k, t in tables.items()}
+            buffer = self.sent.handle(edges.buffer)
+            for rank in range(self.workers):
+                self._tasks[rank].put(
+                    BucketMessage(
+                        handles,
+                        sides,
+                        buffer,
+                        n,
+                        int(bounds[rank]),
+                        int(bounds[rank + 1]),
+                        seed * 1000 + rank,
+                        stagger if rank > 0 else 0.0,
+                        edges.plan,
+                    )
                 )
-            )
-        total = StepStats()
-        for payload in self._replies(on_wait):
-            assert isinstance(payload, StepStats)
-            total.add(payload)
+            total = StepStats()
+            for payload in self._replies(on_wait):
+                assert isinstance(payload, StepStats)
+                total.add(payload)
+        finally:
+            self.buffers.release(edges)
         on_wait()
         busy_after = self.board[:, BUSY].tolist()
         self.last_busy = [a - b for a, b in zip(busy_after, busy_before, strict=True)]
         return total
+
+    def forget(self, key: PartitionKey, table: Table) -> Callable[[], None]:
+        """Partition ``key`` leaves the resident set (the partition store's ``on_release``): if
+        the workers hold its ``table``, tell every worker to drop it now, ahead of any later
+        task; returns the wait for their acknowledgement, which the write-back calls before the
+        table counts as freed."""
+        token = self.sent.forget(table) if self.workers > 1 else None
+        if token is None:
+            return _nothing
+        with self._drop_lock:
+            self._drop_seq += 1
+            seq = self._drop_seq
+            drop = Drop(seq, (token, *self.sent.lazy_drops()))
+            for q in self._tasks:
+                q.put(drop)
+        return functools.partial(self._await_drop, seq)
+
+    def _await_drop(self, seq: int) -> None:
+        """Until every live worker has acknowledged drop ``seq`` (a dead one maps nothing)."""
+        while True:
+            procs = list(self._procs)  # empty once the pool is closed
+            acked = self.board[:, ACK].tolist()
+            if all(a >= seq or not p.is_alive() for a, p in zip(acked, procs, strict=False)):
+                return
+            time.sleep(0.0005)
+
+    def _send_lazy_drops(self) -> None:
+        tokens = self.sent.lazy_drops()
+        if tokens:
+            with self._drop_lock:
+                for q in self._tasks:
+                    q.put(Drop(0, tokens))
 
     def run_eval(
         self,
@@ -371,8 +504,10 @@ class HogwildPool:
             ]
         if self._batches is not None:
             self._batches.reset()
+        self._send_lazy_drops()
+        handles = {k: self.sent.handle(t) for k, t in tables.items()}
         for rank in range(self.workers):
-            self._tasks[rank].put(EvalTask(tables, sides, plan, self.workers))
+            self._tasks[rank].put(EvalMessage(handles, sides, plan, self.workers))
         results: dict[int, UnitResult] = {}
         for payload in self._replies(on_wait):
             assert isinstance(payload, list)
@@ -431,3 +566,7 @@ class HogwildPool:
                 p.kill()
                 p.join(timeout=5)
         self._procs = []
+
+
+def _nothing() -> None:
+    """A drop nobody has to wait for (the workers never held the table)."""

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
-from torch import Tensor
 
 from bigembed.buckets.cost import CostModel, bucket_costs
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
@@ -37,6 +36,7 @@ from bigembed.config import ConfigSchema
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.batch_gate import BatchGate
 from bigembed.train.bucket_order import bucket_order
+from bigembed.train.edge_buffers import PreparedEdges
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
@@ -52,6 +52,7 @@ from bigembed.train.observers import (
     TrainingObserver,
     WithheldEdgeEval,
 )
+from bigembed.train.partition_io import Job, PartitionIO
 from bigembed.train.partitions import PartitionSource, PartitionStore
 from bigembed.train.policy import CheckpointPolicy, LocalCheckpoints, resume
 from bigembed.train.records import (
@@ -78,9 +79,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _mix = mix_seed  # the name tests and the distributed trainer know
-
-Edges = tuple[Tensor, Tensor, Tensor, Tensor | None]
-"""(lhs, rhs, rel, weight) of some edges of a bucket."""
 
 
 class BucketSource(Protocol):
@@ -160,6 +158,8 @@ class TrainingLoop:
         self.observers = Observers(observers)
         self.gate = gate
         self._last_record: StepRecord | None = None
+        #: the edge read-ahead thread (inline without ``partition_prefetch``)
+        self._edge_io = PartitionIO(background=self.cfg.partition_prefetch)
 
     def run(self, start: int) -> TrainResult:
         cfg = self.cfg
@@ -178,6 +178,7 @@ class TrainingLoop:
         )
         NativeStep.prepare(setup.model, setup.negs)  # built once here, loaded by the workers
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
+        self.partitions.on_release = pool.forget
         started = time.perf_counter()
         finished = False
         try:
@@ -196,6 +197,7 @@ class TrainingLoop:
                     break
             finished = True
         finally:
+            self._edge_io.close()
             pool.close(abandon=not finished)  # an error or interrupt: the step is thrown away
             self.partitions.close()
         result.seconds = time.perf_counter() - started
@@ -222,11 +224,25 @@ class TrainingLoop:
         if getattr(self.bucket_source, "known_in_advance", False):
             buckets = [b for b in buckets if b in sizes]
             store.plan([self._keys(b) for b in buckets])
-        for bucket in buckets:
+        # Edge read-ahead: the next bucket's edges are read, shuffled and planned in the
+        # background while this one trains (when the buckets are known in advance).
+        ahead: dict[Bucket, Job] = {}
+        planned = buckets if isinstance(buckets, list) else None
+        for k, bucket in enumerate(buckets):
             if bucket not in sizes:
                 continue  # no edges
             bt = time.perf_counter()
-            work, train_edges = self._load_bucket(it, bucket)
+            tables = store.ensure(self._keys(bucket))
+            edges_job = ahead.pop(bucket, None) or self._edge_io.submit(
+                functools.partial(self._prepare_edges, it, bucket, pool)
+            )
+            held_out, train_edges = edges_job.take()
+            if self._edge_io.background and planned is not None and k + 1 < len(planned):
+                following = planned[k + 1]
+                ahead[following] = self._edge_io.submit(
+                    functools.partial(self._prepare_edges, it, following, pool)
+                )
+            work = BucketWork(it, bucket, tables, bucket_sides(self.cfg, bucket), held_out)
             # The withheld-edge eval runs in the workers, as PBG's does.
             work.run_eval = functools.partial(
                 pool.run_eval, work.tables, work.sides, on_wait=training
@@ -234,11 +250,10 @@ class TrainingLoop:
             loaded = time.perf_counter()
             observers.bucket_started(work)
             started = time.perf_counter()  # the eval before the bucket is not the workers' time
-            stats = pool.run(
+            stats = pool.train(
                 work.tables,
                 work.sides,
-                *train_edges,
-                mix_seed(self.cfg.seed, 5, it.index, *bucket) % (1 << 40),
+                train_edges,
                 on_wait=training,
                 stagger=self.cfg.hogwild_delay if it.index == 0 and not records else 0.0,
             )
@@ -251,7 +266,7 @@ class TrainingLoop:
             records.append(record)
             # Drop this bucket's tables now: held until the next ensure() returns, a partition
             # it swaps out would stay in memory beside the one it loads.
-            del work, train_edges
+            del work, train_edges, tables
         training()
 
         self.checkpoints.save_step(it, store)
@@ -272,13 +287,14 @@ class TrainingLoop:
     def _keys(self, bucket: Bucket) -> set[PartitionKey]:
         return {k for pair in bucket_sides(self.cfg, bucket) for k in pair}
 
-    def _load_bucket(self, it: Iteration, bucket: Bucket) -> tuple[BucketWork, Edges]:
-        """Make the bucket's partitions resident, load its chunk, withhold the eval edges
-        (the same every epoch) and shuffle the rest; returns the work and the edges to train
-        (lhs, rhs, rel, weight)."""
+    def _prepare_edges(
+        self, it: Iteration, bucket: Bucket, pool: HogwildPool
+    ) -> tuple[HeldOut | None, PreparedEdges]:
+        """Load the bucket's chunk, withhold the eval edges (the same every epoch), shuffle the
+        rest and have the pool plan them; returns the withheld edges and the edges to train.
+        Runs in the edge read-ahead thread (``partition_prefetch``): it depends only on the
+        seed, the iteration and the bucket, never on the tables or on the bucket before."""
         cfg, (i, j) = self.cfg, bucket
-        sides = bucket_sides(cfg, bucket)
-        tables = self.partitions.ensure(self._keys(bucket))
         chunk = self.job.edge_stores[it.edge_path_idx].load_chunk(
             i, j, it.chunk, self.job.num_chunks
         )
@@ -302,8 +318,8 @@ class TrainingLoop:
             ew = None if weight is None else weight[eval_idx]
             held_out = HeldOut(lhs[eval_idx], rhs[eval_idx], rel[eval_idx], ew)
         tw = None if weight is None else weight[train_idx]
-        train_edges = (lhs[train_idx], rhs[train_idx], rel[train_idx], tw)
-        return BucketWork(it, bucket, tables, sides, held_out), train_edges
+        seed = mix_seed(cfg.seed, 5, it.index, i, j) % (1 << 40)
+        return held_out, pool.prepare(lhs[train_idx], rhs[train_idx], rel[train_idx], tw, seed)
 
 
 def _position(it: Iteration) -> Position:
@@ -427,6 +443,7 @@ class Trainer:
             max_edges,
             cfg.resolved_workers(),
             per_bucket,
+            read_ahead=cfg.partition_prefetch,
         )
         if self._capacity is not None:
             plan = replace(plan, capacity=max(self._capacity, per_bucket))

@@ -5,8 +5,11 @@ What is resident during training (docs/training.md, "Memory model"):
 * a fixed part: the interpreter, torch and the model (``BASE_BYTES``), plus each Hogwild
   worker process's own interpreter and torch (``WORKER_BYTES``; the tables are shared);
 * the unpartitioned entity types' tables (pinned: every bucket needs them);
-* one bucket's edges while it trains (the loaded arrays, their int64 copies and shuffled
-  copies: ``EDGE_BYTES`` per edge of the largest bucket chunk);
+* the edges: preparing a bucket chunk (the loaded arrays, their int64 copies, the shuffle and
+  the batch plan: ``EDGE_BYTES`` per edge of the largest bucket chunk) and the prepared
+  edges held for the workers (``EDGE_BUFFER_BYTES`` per edge each; see
+  :mod:`bigembed.train.edge_buffers`): one bucket's, or with read-ahead
+  (``partition_prefetch``) two, the one training and the next one, prepared meanwhile;
 * ``capacity`` partitioned tables (embeddings + one Adagrad float per row): the resident
   partitions, the one being read ahead and the one being written back all count.
 
@@ -27,6 +30,16 @@ logger = logging.getLogger(__name__)
 BASE_BYTES = 450 * 2**20
 WORKER_BYTES = 120 * 2**20
 EDGE_BYTES = 96
+#: A prepared bucket's edges: three int64 ids and a float32 weight, 25% headroom (the buffers
+#: are reused, and grown by 25% when a larger chunk comes).
+EDGE_BUFFER_BYTES = 36
+
+
+def edge_bytes(read_ahead: bool) -> int:
+    """Bytes per edge of the largest bucket chunk: preparing one chunk, and holding one
+    prepared chunk (two with read-ahead: the next is prepared while one trains)."""
+    return EDGE_BYTES + (2 if read_ahead else 1) * EDGE_BUFFER_BYTES
+
 
 _CGROUP_FILES = (
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
@@ -109,8 +122,12 @@ def plan_memory(
     max_chunk_edges: int,
     workers: int,
     per_bucket: int,
+    read_ahead: bool = True,
 ) -> MemoryPlan:
     """The capacity (partitioned tables held at once) that fits ``budget``.
+
+    ``read_ahead``: the next bucket's edges are prepared while one trains
+    (``partition_prefetch``), so two buckets' prepared edges are held.
 
     ``per_bucket`` is the most partitioned tables one bucket needs: the capacity is never below
     it. A budget that cannot hold even that is a config error naming the key.
@@ -118,7 +135,8 @@ def plan_memory(
     derived = budget is None
     if budget is None:
         budget = available_memory() // 2
-    fixed = BASE_BYTES + workers * WORKER_BYTES + pinned_bytes + max_chunk_edges * EDGE_BYTES
+    edges = max_chunk_edges * edge_bytes(read_ahead)
+    fixed = BASE_BYTES + workers * WORKER_BYTES + pinned_bytes + edges
     largest = max(table_bytes, default=0)
     if largest == 0:
         return MemoryPlan(budget, derived, fixed, 0, 0)

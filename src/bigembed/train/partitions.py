@@ -94,6 +94,12 @@ class PartitionStore:
     ``background``, plans the next bucket (:meth:`plan`) so its partitions are read ahead.
     ``deadline``: the longest the training thread waits for one background read or write-back
     (None: no limit); ``on_event``: called with each event (see ``events``) as it happens.
+
+    ``on_release`` (set by the training loop to its Hogwild pool's ``forget``): called in the
+    training thread with each partition (key, table) taken out of the resident set; the
+    callable it returns is called once the table is written back and before it counts as freed
+    (the Hogwild workers keep the tables they were sent mapped until then; see
+    :mod:`bigembed.train.worker_cache`).
     """
 
     def __init__(
@@ -132,6 +138,7 @@ class PartitionStore:
         self.managed = managed
         self.deadline = deadline
         self.on_event = on_event
+        self.on_release: Callable[[PartitionKey, Table], Callable[[], None]] | None = None
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
@@ -303,9 +310,12 @@ class PartitionStore:
         table = self.loaded.pop(key)
         self.dirty.discard(key)
         self._event("write_queued", key)
+        released = self.on_release(key, table) if self.on_release is not None else None
 
         def write() -> None:
             self._save(key, table)
+            if released is not None:
+                released()  # no worker maps it any more
             self._count_table(key, -1)
             self._event("write_end", key)
 
