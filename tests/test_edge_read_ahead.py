@@ -193,3 +193,29 @@ def test_the_store_counts_a_table_freed_only_after_its_release(tmp_path: Path) -
         released = [i for i, e in enumerate(events) if e == ("released", key)]
         ended = [i for i, e in enumerate(events) if e == ("write_end", key)]
         assert released and ended and released[0] < ended[0], f"{key}: freed before released"
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_buffer_holds_a_plan_that_takes_every_edge_twice(weighted: bool) -> None:
+    """A grouped-query plan (``train_type: KvsAll``) takes each edge once per side: the buffer
+    holds ``len(order)`` rows, not the edge count (it once held the edge count, and the copy
+    into the too-short shared buffer crashed the process)."""
+    from bigembed.train.edge_buffers import EdgeBuffers
+
+    gen = torch.Generator().manual_seed(0)
+    n = 1000
+    edges = (
+        torch.randint(50, (n,), generator=gen),
+        torch.randint(50, (n,), generator=gen),
+        torch.zeros(n, dtype=torch.int64),
+        torch.rand(n, generator=gen) if weighted else None,
+    )
+    order = torch.cat([torch.randperm(n, generator=gen), torch.randperm(n, generator=gen)])
+    prepared = EdgeBuffers().fill(edges, order, 7, None)
+    assert prepared.count == 2 * n
+    got_all = (prepared.lhs, prepared.rhs, prepared.rel, prepared.weight)
+    for got, src in zip(got_all, edges, strict=True):
+        if src is None:
+            assert got is None
+        else:
+            assert got is not None and torch.equal(got, src[order])

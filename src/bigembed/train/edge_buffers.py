@@ -80,8 +80,10 @@ class EdgeBuffers:
         seed: int,
         plan: np.ndarray | None,
     ) -> PreparedEdges:
-        """Copy ``edges`` (taken in ``order`` if given) into a buffer."""
-        n, weighted = int(edges[0].shape[0]), edges[3] is not None
+        """Copy ``edges`` (taken in ``order`` if given) into a buffer. ``order`` may be longer
+        than the edges: a grouped-query plan (KvsAll) takes every edge once per side."""
+        n = int(edges[0].shape[0]) if order is None else int(order.shape[0])
+        weighted = edges[3] is not None
         buffer = self._take(n, weighted)
         views: list[Tensor | None] = []
         dsts = (buffer.lhs, buffer.rhs, buffer.rel, buffer.weight)
