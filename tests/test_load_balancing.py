@@ -477,11 +477,9 @@ def test_two_workers_train_every_edge_once_with_pbg_defaults(tmp_path: Path, pol
     assert all(np.isfinite(s["stats"]["loss"]) for s in steps)
 
 
-@pytest.mark.parametrize("steal", [True, False])
-def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
-    """Worker 1 starts 5 s late (``hogwild_delay``): with work stealing worker 0 trains what it
-    can meanwhile and worker 1 takes only what is left; with even slices each trains half. Either
-    way every edge is trained once."""
+def _two_worker_pool(steal: bool):
+    """A 2-worker pool of a tiny model over one shared 100-row table, and 500 random edges of
+    two relations: ``(pool, table, lhs, rhs, rel)``."""
     from bigembed.buckets.negative_settings import negative_settings
     from bigembed.config import model_spec
     from bigembed.model.scoring import ScoringModel
@@ -494,11 +492,19 @@ def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
     states = [torch.zeros_like(p).share_memory_() for p in model.parameters()]
     setup = WorkerSetup(model, states, negative_settings(cfg), 0.1, 0.1, 50, False)
     table = Table(torch.randn(100, 8).share_memory_(), torch.zeros(100).share_memory_())
-    n = 500
     gen = torch.Generator().manual_seed(0)
-    lhs, rhs = torch.randint(100, (n,), generator=gen), torch.randint(100, (n,), generator=gen)
-    rel = torch.randint(2, (n,), generator=gen)
-    pool = HogwildPool(setup, 2, steal=steal)
+    lhs, rhs = torch.randint(100, (500,), generator=gen), torch.randint(100, (500,), generator=gen)
+    rel = torch.randint(2, (500,), generator=gen)
+    return HogwildPool(setup, 2, steal=steal), table, lhs, rhs, rel
+
+
+@pytest.mark.parametrize("steal", [True, False])
+def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
+    """Worker 1 starts 5 s late (``hogwild_delay``): with work stealing worker 0 trains what it
+    can meanwhile and worker 1 takes only what is left; with even slices each trains half. Either
+    way every edge is trained once."""
+    n = 500
+    pool, table, lhs, rhs, rel = _two_worker_pool(steal)
     try:
         key = ("node", 0)
         stats = pool.run({key: table}, [(key, key)] * 2, lhs, rhs, rel, None, 7, stagger=5.0)
@@ -545,23 +551,8 @@ def test_an_abandoned_pool_kills_busy_workers_without_waiting_for_their_task() -
     import threading
     import time
 
-    from bigembed.buckets.negative_settings import negative_settings
-    from bigembed.config import model_spec
-    from bigembed.model.scoring import ScoringModel
-    from bigembed.train.hogwild import HogwildPool, WorkerSetup
-    from bigembed.train.step import Table
-
-    cfg = _config(dimension=8, batch_size=50, num_batch_negs=5, num_uniform_negs=5)
-    model = ScoringModel(model_spec(cfg, 2))
-    model.share_memory()
-    states = [torch.zeros_like(p).share_memory_() for p in model.parameters()]
-    setup = WorkerSetup(model, states, negative_settings(cfg), 0.1, 0.1, 50, False)
-    table = Table(torch.randn(100, 8).share_memory_(), torch.zeros(100).share_memory_())
     n = 500
-    gen = torch.Generator().manual_seed(0)
-    lhs, rhs = torch.randint(100, (n,), generator=gen), torch.randint(100, (n,), generator=gen)
-    rel = torch.randint(2, (n,), generator=gen)
-    pool = HogwildPool(setup, 2, steal=False)
+    pool, table, lhs, rhs, rel = _two_worker_pool(False)
     key = ("node", 0)
     errors: list[BaseException] = []
 
