@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         "--draws", type=int, help="primary edges (social, 600,000) or view draws (900,000)"
     )
     args = parser.parse_args(argv)
+    if args.output.exists():
+        print(f"planted_graphs: {args.output}: exists; refusing to overwrite", file=sys.stderr)
+        return 1
     if args.kind == "social":
         graph = social_graph(
             num_users=args.users or 200_000, edges=args.draws or 600_000, seed=args.seed

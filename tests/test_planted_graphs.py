@@ -73,3 +73,11 @@ def test_popularity_ranks_filtered_with_ties_against_the_true_entity() -> None:
     assert pess.tolist() == [3.0, 4.0]  # 0, 3 (tie), 2; then 1, 2, 3 above 4 (0 filtered)
     assert np.isclose(rr[0], (1 / 2 + 1 / 3) / 2)
     assert np.isclose(rr[1], 1 / 4)
+
+
+def test_an_existing_output_is_refused(tmp_path, capsys) -> None:
+    out = tmp_path / "graph.tsv"
+    out.write_text("mine\n")
+    assert pg.main(["social", "--output", str(out), "--users", "50", "--draws", "100"]) == 1
+    assert out.read_text() == "mine\n"
+    assert "exists" in capsys.readouterr().err
