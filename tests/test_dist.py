@@ -306,8 +306,10 @@ def test_two_and_four_ranks_match_single_machine(tmp_path: Path) -> None:
             for r in CheckpointStore(dist.checkpoint_path).read_stats()
             if r["type"] == "bucket"
         }
-        # 4 partitions: at most 2 trainers hold disjoint buckets at once, but all take turns
-        assert trainers >= {0, 1}, "several trainers trained"
+        # 4 partitions: at most 2 trainers hold disjoint buckets at once. Which ones is timing:
+        # a trainer that finishes re-acquires (affinity) before a waiting one polls again, so a
+        # late trainer (rank 0 also commits each pass) may sit out every pass of this tiny run.
+        assert len(trainers) >= 2, f"several trainers trained: {trainers}"
         mrr_dist = withheld_mrr(dist)
         assert abs(mrr_single - mrr_dist) < 0.02, (ranks, mrr_single, mrr_dist)
 
