@@ -299,6 +299,43 @@ def test_edge_store_of_another_import_is_refused(project: Path, tmp_path: Path, 
     assert code == 2 and want in _one_line(err)
 
 
+def test_edges_of_another_relation_list_are_refused(tmp_path: Path, capsys) -> None:
+    """Relation ids index the config's relations at import time: a config whose list changed
+    since (a relation dropped, the order changed) is refused with one line, by train (with
+    Hogwild workers) and eval; stores written before manifests recorded the list are caught
+    when a bucket holds an id past the config's list."""
+    rels = [(name, "node", "node") for name in ("a", "b", "c")]
+    write_config(tmp_path, relations=rels)
+    write_tsv(tmp_path / "in.tsv", random_edges(600, 40, ["a", "b", "c"], seed=3))
+    config = str(tmp_path / "config.yaml")
+    assert _run(capsys, "import", "--no-progress", config, str(tmp_path / "in.tsv"))[0] == 0
+    edges = tmp_path / "out" / "edges"
+    for changed in (rels[:1], [rels[1], rels[0], rels[2]]):
+        other = write_config(tmp_path, relations=changed, name="changed.yaml")
+        names = ", ".join(r[0] for r in changed)
+        want = (
+            f"bigembed train: error: relations: the config has relations [{names}] but {edges} "
+            "was imported with relations [a, b, c]; re-run bigembed import (or restore the "
+            "config's relations)"
+        )
+        code, err = _run(capsys, "train", "--no-progress", str(other), "-p", "workers=2")
+        assert code == 2 and _one_line(err) == want
+        assert not (tmp_path / "out" / "model").exists()
+    assert _run(capsys, "train", "--no-progress", config, "-p", "num_epochs=1")[0] == 0
+    manifest = edges / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "relations": ["a", "c", "b"]}))
+    code, err = _run(capsys, "eval", "--no-progress", config, "--edges", str(edges))
+    assert code == 2 and "was imported with relations [a, c, b]" in _one_line(err)
+    data.pop("relations")
+    manifest.write_text(json.dumps(data))
+    one = write_config(tmp_path, relations=rels[:1], name="one.yaml")
+    fresh = f"checkpoint_path={tmp_path / 'fresh'}"
+    code, err = _run(capsys, "train", "--no-progress", str(one), "-p", "workers=2", "-p", fresh)
+    assert code == 2
+    assert "has relation id 2 but the config has 1 relation(s)" in _one_line(err)
+
+
 def test_stores_without_import_ids_are_tolerated(project: Path) -> None:
     for store in ("entities", "edges"):
         path = project / "out" / store / "manifest.json"

@@ -899,6 +899,12 @@ def config_warnings(cfg: ConfigSchema) -> list[str]:
 # --------------------------------------------------------------------------- the model's part
 
 
+def relation_list(cfg: ConfigSchema) -> list[str] | None:
+    """What imported relation ids index: the names of ``relations`` in order, or None with
+    ``dynamic_relations`` (ids then index the entity store's relation names)."""
+    return None if cfg.dynamic_relations else [r.name for r in cfg.relations]
+
+
 def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
     """What the scoring model is built from, taken from ``cfg``.
 

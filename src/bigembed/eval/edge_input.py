@@ -18,10 +18,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bigembed.checkpoints.reading import TrainedModel, open_entity_store
+from bigembed.config import relation_list
 from bigembed.edgelists import ColumnSpec, EdgeNameFile, NameBatch, NameFileOptions, TextOptions
 from bigembed.errors import InputError
 from bigembed.eval.ranking import EvalEdges
-from bigembed.storage import MANIFEST, EdgeStore, EntityStore, has_manifest
+from bigembed.storage import (
+    MANIFEST,
+    EdgeStore,
+    EntityStore,
+    check_edges_relations,
+    has_manifest,
+)
 
 
 @dataclass
@@ -102,6 +109,7 @@ class EdgeLoader:
 
     # ------------------------------------------------------------------ imported edge paths
     def _from_store(self, store: EdgeStore) -> EvalEdges:
+        check_edges_relations(relation_list(self.trained.config), store)
         bases = self.trained.partition_bases
         num_rel = len(self.relation_names)
         parts_of = {t: self.trained.num_partitions(t) for t in self.trained.config.entities}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from bigembed.config import relation_list
 from bigembed.edgelists import (
     WRONG_WIDTH,
     BadColumnCount,
@@ -400,6 +401,7 @@ class Importer:
                 "source": str(report.path),
                 "shuffled": True,
                 "import_id": self.import_id,
+                "relations": relation_list(self.cfg),
             },
         )
         report.edges = int(counts.sum())

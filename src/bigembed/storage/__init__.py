@@ -3,15 +3,16 @@
 This ``__init__`` is the package's public API: other packages import these names from
 ``bigembed.storage``, never from its modules. Readers: :class:`EntityStore`,
 :class:`EdgeStore` (chunks of a bucket as :class:`EdgeChunk`), :func:`check_edges_import`,
-:func:`read_manifest`, :func:`has_manifest`. Writers (used by ``bigembed import``, the PBG
-converter and tests): :func:`write_entity_store`, :func:`write_edge_manifest`, and the file
-names and dtypes of the format (see docs/FORMAT.md).
+:func:`check_edges_relations`, :func:`read_manifest`, :func:`has_manifest`. Writers (used by
+``bigembed import``, the PBG converter and tests): :func:`write_entity_store`,
+:func:`write_edge_manifest`, and the file names and dtypes of the format (see docs/FORMAT.md).
 """
 
 from bigembed.storage.edges import (
     EdgeChunk,
     EdgeStore,
     check_edges_import,
+    check_edges_relations,
     chunk_range,
     write_edge_manifest,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "EntityTypeInfo",
     "bucket_dir",
     "check_edges_import",
+    "check_edges_relations",
     "chunk_range",
     "entity_count_file",
     "entity_names_file",

@@ -21,6 +21,7 @@ from bigembed.storage.format import (
     FORMAT_VERSION,
     IMPORT_ID,
     MANIFEST,
+    RELATIONS,
     bucket_dir,
     manifest_error,
     read_manifest,
@@ -80,6 +81,13 @@ class EdgeStore:
         found = data.get(IMPORT_ID)
         # the import_id of the entity store this store was bucketed against (None: older store)
         self.import_id: str | None = None if found is None else str(found)
+        # the config's relation names the ids index (None: dynamic relations, named by the
+        # entity store); not checked for stores written before manifests recorded them
+        self.records_relations = RELATIONS in data
+        names = data.get(RELATIONS)
+        self.relation_names: list[str] | None = (
+            [str(n) for n in names] if isinstance(names, list) else None
+        )
         if entities is not None:
             check_edges_import(entities, self)
 
@@ -161,6 +169,23 @@ def check_edges_import(entities: EntityStore, *edge_stores: EdgeStore) -> None:
             raise InputError(
                 f"{store.path} was imported with a different entity store than "
                 f"{entities.path} (import ids differ); re-run bigembed import"
+            )
+
+
+def check_edges_relations(relation_names: list[str] | None, *edge_stores: EdgeStore) -> None:
+    """Refuse edge stores whose relation ids index another relation list than the config's
+    (``relation_names``; None: dynamic relations). Changing ``relations`` after the import would
+    otherwise train relation 2's edges as relation 1, or fail on an id past the list's end."""
+
+    def show(names: list[str] | None) -> str:
+        return "dynamic relations" if names is None else f"relations [{', '.join(names)}]"
+
+    for store in edge_stores:
+        if store.records_relations and store.relation_names != relation_names:
+            raise InputError(
+                f"relations: the config has {show(relation_names)} but {store.path} was "
+                f"imported with {show(store.relation_names)}; re-run bigembed import (or "
+                "restore the config's relations)"
             )
 
 

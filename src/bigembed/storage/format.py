@@ -20,6 +20,7 @@ ENTITY_FORMAT = "bigembed-entities"
 EDGE_FORMAT = "bigembed-edges"
 EDGE_COLUMNS = ("lhs", "rhs", "rel", "weight")
 IMPORT_ID = "import_id"  # entity manifest: this import; edge manifest: its entity store's
+RELATIONS = "relations"  # edge manifest: the relation names its ids index (null: dynamic)
 PUBLISHING_KEY = "publishing"  # in an entity manifest that an import is replacing right now
 INT32_MAX = np.iinfo(np.int32).max
 

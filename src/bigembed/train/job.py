@@ -15,16 +15,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bigembed.config import ConfigSchema, model_spec
+from bigembed.config import ConfigSchema, model_spec, relation_list
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.model.scoring import ScoringModel
 from bigembed.partition_keys import PartitionKey
-from bigembed.storage import EdgeStore, EntityStore, check_edges_import
+from bigembed.storage import EdgeStore, EntityStore, check_edges_import, check_edges_relations
 
 
 def check_graph(cfg: ConfigSchema, entities: EntityStore, edge_stores: list[EdgeStore]) -> None:
     """Refuse a graph that is not the one the config describes (one line naming the key)."""
     check_edges_import(entities, *edge_stores)
+    check_edges_relations(relation_list(cfg), *edge_stores)
     for etype in {t for r in cfg.relations for t in (r.lhs, r.rhs)}:
         if etype not in entities.entity_types:
             raise ConfigError(

@@ -33,6 +33,7 @@ from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
+from bigembed.errors import InputError
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.batch_gate import BatchGate
 from bigembed.train.bucket_order import bucket_order
@@ -295,12 +296,19 @@ class TrainingLoop:
         Runs in the edge read-ahead thread (``partition_prefetch``): it depends only on the
         seed, the iteration and the bucket, never on the tables or on the bucket before."""
         cfg, (i, j) = self.cfg, bucket
-        chunk = self.job.edge_stores[it.edge_path_idx].load_chunk(
-            i, j, it.chunk, self.job.num_chunks
-        )
+        store = self.job.edge_stores[it.edge_path_idx]
+        chunk = store.load_chunk(i, j, it.chunk, self.job.num_chunks)
         lhs = torch.from_numpy(chunk.lhs.astype("int64", copy=False))
         rhs = torch.from_numpy(chunk.rhs.astype("int64", copy=False))
         rel = torch.from_numpy(chunk.rel.astype("int64", copy=False))
+        if rel.numel() and int(rel.max()) >= self.job.num_relations:
+            # stores imported before manifests recorded their relations (newer ones are
+            # checked against the config when the job opens them)
+            raise InputError(
+                f"{store.path}: bucket ({i}, {j}) has relation id {int(rel.max())} but the "
+                f"config has {self.job.num_relations} relation(s); was it imported with "
+                "another config? re-run bigembed import"
+            )
         weight = (
             None
             if chunk.weight is None
