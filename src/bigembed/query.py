@@ -218,6 +218,7 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
+        exclude_self: bool = False,
     ) -> list[Prediction]: ...
 
     @overload
@@ -229,6 +230,7 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
+        exclude_self: bool = False,
     ) -> list[list[Prediction]]: ...
 
     @torch.no_grad()
@@ -240,13 +242,15 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
+        exclude_self: bool = False,
     ) -> list[Prediction] | list[list[Prediction]]:
         """The ``k`` best completions of ``(entity, rel, ?)`` (``side="rhs"``, the default) or
         of ``(?, rel, entity)`` (``side="lhs"``), against every entity of the type.
 
         ``filtered``: leave out the completions that are known true edges: ``True`` uses the
-        config's edge paths, or give edge paths / edge files. One query (a name) gives a list of
-        :class:`Prediction`; a list of names gives one such list per name.
+        config's edge paths, or give edge paths / edge files. ``exclude_self``: never answer
+        the given entity itself (relations within one entity type). One query (a name) gives
+        a list of :class:`Prediction`; a list of names gives one such list per name.
 
         >>> [p.name for p in model.predict("paris", "capital_of", k=1)]
         ['france']
@@ -265,13 +269,19 @@ class EmbeddingModel:
             anchors = d.anchors(
                 self.tables.gather(d.source_type, given), torch.from_numpy(rel_ids[rows])
             )
-            exclude = None
+            exclude: tuple[np.ndarray, np.ndarray] | None = None
             if known is not None:
                 exclude = (
                     known.true_tails(given, rel_ids[rows])
                     if side == "rhs"
                     else known.true_heads(given, rel_ids[rows])
                 )
+            if exclude_self and d.source_type == d.target_type:
+                own_rows, own_ids = np.arange(len(given)), np.asarray(given, np.int64)
+                if exclude is not None:
+                    own_rows = np.concatenate([exclude[0], own_rows])
+                    own_ids = np.concatenate([exclude[1], own_ids])
+                exclude = (own_rows, own_ids)
             top = self._search(anchors, d.target_type, k, d.candidates, self._pairwise, exclude)
             for row, best in zip(rows, top, strict=True):
                 results[row] = self._predictions(d.target_type, best)

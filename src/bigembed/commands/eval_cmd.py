@@ -81,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="report raw metrics only (no filter sets needed)",
     )
+    p.add_argument(
+        "--exclude-self",
+        action="store_true",
+        help="in the filtered metrics, never count the query's own entity as a candidate "
+        "(relations within one entity type, e.g. follows: nobody is their own answer)",
+    )
     p.add_argument("--per-relation", action="store_true", help="also report each relation")
     p.add_argument(
         "--protocol",
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         file_options=file_options(args),
         chunk_size=max(1, args.chunk_size),
         progress=not args.no_progress,
+        exclude_self=args.exclude_self,
     )
     print(report.table())
     if args.output:

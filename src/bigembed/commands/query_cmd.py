@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="leave out known true edges: from these edge paths/files, or with no "
         "value from the config's edge_paths",
     )
+    p.add_argument(
+        "--exclude-self",
+        action="store_true",
+        help="never answer the given entity itself (relations within one entity type)",
+    )
     _common(p)
     p.set_defaults(func=run_predict)
 
@@ -95,10 +100,13 @@ def run_predict(args: argparse.Namespace) -> int:
     filtered: bool | list[str] = False
     if args.filtered is not None:
         filtered = args.filtered if args.filtered else True
-    preds = model.predict(entity, rel, k=args.k, side=side, filtered=filtered)
+    preds = model.predict(
+        entity, rel, k=args.k, side=side, filtered=filtered, exclude_self=args.exclude_self
+    )
     edge = f"({entity}, {args.rel}, ?)" if side == "rhs" else f"(?, {args.rel}, {entity})"
     what = "tails" if side == "rhs" else "heads"
     note = ", known edges filtered out" if filtered else ""
+    note += ", itself left out" if args.exclude_self else ""
     _print(preds, args, f"Best {what} for {edge}{note}:")
     return 0
 

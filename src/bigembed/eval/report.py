@@ -180,6 +180,7 @@ def evaluate_checkpoint(
     chunk_size: int = 1024,
     progress: bool = False,
     cache_bytes: int = 2 << 30,
+    exclude_self: bool = False,
 ) -> EvalReport:
     """Evaluate the last checkpoint of a config (or a checkpoint directory) on edge sets.
 
@@ -187,6 +188,8 @@ def evaluate_checkpoint(
     ``edge_paths``). ``filter_paths``: the known true edges to filter with (default: the
     config's ``edge_paths``); the evaluated edges are always added to them. With a directory
     instead of a config, the config stored in the checkpoint is used.
+    ``exclude_self``: in the filtered metrics, the query's own entity is not a candidate
+    answer (for relations between entities of one type: "who will X follow" never answers X).
 
     Example::
 
@@ -197,6 +200,11 @@ def evaluate_checkpoint(
     if protocol not in PROTOCOLS:
         known_protocols = ", ".join(PROTOCOLS)
         raise InputError(f"unknown evaluation protocol {protocol!r} (known: {known_protocols})")
+    if exclude_self and not (filtered and protocol == "full"):
+        raise InputError(
+            "--exclude-self leaves the query entity out of the filtered ranking: it needs the "
+            "full protocol's filtered metrics (drop --raw-only / --protocol sampled)"
+        )
     started = time.perf_counter()
     if isinstance(cfg_or_dir, ConfigSchema):
         cfg = cfg_or_dir
@@ -223,7 +231,9 @@ def evaluate_checkpoint(
     filter_names: list[str] = []
     if filtered and protocol == "full":
         chosen = filter_paths if filter_paths is not None else cfg.edge_paths
-        known, filter_names = _known_edges(loader, trained, sources, chosen)
+        known, filter_names = _known_edges(loader, trained, sources, chosen, exclude_self)
+        if exclude_self:
+            notes.append("the query entity is not a candidate for itself (--exclude-self)")
     elif filtered:
         notes.append("the sampled protocol reports raw ranks only (as PBG does)")
 
@@ -306,8 +316,11 @@ def _known_edges(
     trained: TrainedModel,
     sources: list[LoadedEdges],
     filter_paths: Sequence[str | os.PathLike[str]],
+    exclude_self: bool = False,
 ) -> tuple[KnownEdges, list[str]]:
-    """The known true edges: the filter sets plus the evaluated edges, each path read once."""
+    """The known true edges: the filter sets plus the evaluated edges, each path read once;
+    with ``exclude_self`` also (h, r, h) and (t, r, t) for each evaluated edge (h, r, t) of a
+    relation between one entity type, so that neither query is answered by itself."""
     seen = {os.path.realpath(s.path): s for s in sources}
     parts = [s.edges for s in sources]
     names = [s.path for s in sources]
@@ -324,6 +337,13 @@ def _known_edges(
         seen[real] = loaded
         parts.append(loaded.edges)
         names.append(loaded.path)
+    if exclude_self:
+        evaluated = EvalEdges.concat([s.edges for s in sources])
+        one_type = np.array(loader.lhs_types) == np.array(loader.rhs_types)
+        keep = one_type[evaluated.rel]
+        rel = evaluated.rel[keep]
+        for node in (evaluated.lhs[keep], evaluated.rhs[keep]):
+            parts.append(EvalEdges(lhs=node, rel=rel, rhs=node))
     all_edges = EvalEdges.concat(parts)
     known = KnownEdges(all_edges.lhs, all_edges.rel, all_edges.rhs, trained.model.num_relations)
     return known, names
