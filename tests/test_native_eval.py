@@ -190,17 +190,35 @@ def test_native_eval_on_gaussian_tables(comparator, operator, loss) -> None:
 
 
 @needs_kernel
-def test_positives_and_negatives_as_low_as_a_mask() -> None:
-    """Scores at or below -1e9 / 2 are not valid negatives, and a positive that low is ranked
-    among the valid ones only (the eager path's slow rows)."""
+@pytest.mark.parametrize("scale", [1e8, 1e10])
+def test_positives_and_negatives_as_low_as_a_mask(scale: float) -> None:
+    """Scores at or below -1e9 / 2 are not valid negatives (1e8: some between -1e9 and
+    -5e8), and a positive that low is ranked among the valid ones only (the eager path's slow
+    rows). Row 3's scores are ``scale`` times small integers: exact in fp32."""
     model = _model("dot", "ranking", "none", glob=False, exact=True)
     tables = _tables("dot", True, 12)
-    tables[("e", 0)].emb[3] *= 1e10  # its scores: multiples of 1e10, exact, some below -5e8
+    tables[("e", 0)].emb[3] *= scale
     edges = _edges(50, 12)
     negs = NegativeSettings(7, 11, 13)
+    lows = _scores_between(model, tables, edges, negs, 21, -1e9, -5e8)
+    assert lows > 0 if scale == 1e8 else lows == 0
     got, want = _both(model, tables, edges, negs, 21)
     _assert_same(got, want)
     assert want.auc_sum < want.count
+
+
+def _scores_between(model, tables, edges, negs, batch_size, low: float, high: float) -> int:
+    """Scores (positive or negative) in (low, high]."""
+    lhs, rhs, rel, weight = edges
+    count = 0
+    gen, rng = torch.Generator().manual_seed(7), np.random.default_rng(7)
+    for s in score_batches(
+        model, lambda k: tables[k].emb, SIDES, lhs, rhs, rel, weight, negs, batch_size, gen, rng
+    ):
+        sc = s.scores
+        for t in (sc.lhs_pos, sc.rhs_pos, *sc.lhs_neg, *sc.rhs_neg):
+            count += int(((t > low) & (t <= high)).sum())
+    return count
 
 
 def test_no_kernel_means_the_eager_eval(monkeypatch: pytest.MonkeyPatch) -> None:
