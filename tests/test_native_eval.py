@@ -96,8 +96,24 @@ def _both(model, tables, edges, negs, batch_size, sides=SIDES) -> tuple[RankingS
     lhs, rhs, rel, weight = edges
     kernel = NativeEval.for_model(model, negs)
     assert kernel is not None
+    spy = _Spy(kernel)
     args = (model, tables, sides, lhs, rhs, rel, weight, negs, batch_size, 7)
-    return evaluate_edges(*args, scorer=kernel), evaluate_edges(*args)
+    got, want = evaluate_edges(*args, scorer=spy), evaluate_edges(*args)
+    assert spy.scored > 0  # the kernel did score (every enabled unit it supports)
+    return got, want
+
+
+class _Spy:
+    """A scorer counting the units its kernel scored."""
+
+    def __init__(self, kernel: NativeEval) -> None:
+        self.kernel = kernel
+        self.scored = 0
+
+    def side(self, *args):
+        out = self.kernel.side(*args)
+        self.scored += out is not None
+        return out
 
 
 def _assert_same(got: RankingSums, want: RankingSums) -> None:
