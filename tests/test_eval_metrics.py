@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bigembed.buckets.metrics import ranks_from_scores, summarize, summarize_groups
+from bigembed.buckets.metrics import RankingSums, ranks_from_scores, summarize, summarize_groups
 from bigembed.eval.filters import KnownEdges
 from bigembed.eval.ranking import SideRanks
 
@@ -21,6 +21,20 @@ def test_summary_of_known_ranks() -> None:
     assert m["hits@10"] == pytest.approx(4 / 5)
     assert m["hits@50"] == pytest.approx(4 / 5)
     assert m["auc"] == pytest.approx(0.4)
+
+
+def test_ranking_sums_of_known_ranks() -> None:
+    """The withheld-edge eval's accumulator (both its eager and its native path end here):
+    every hits threshold is inclusive (rank <= k)."""
+    sums = RankingSums()
+    sums.add_ranks(torch.tensor([1, 2, 3, 4, 10, 11, 50, 51]), torch.tensor([1.0, 0.5] * 4))
+    assert (sums.count, sums.hits1, sums.hits3, sums.hits10, sums.hits50) == (8, 1, 3, 5, 7)
+    assert sums.rank_sum == 132
+    assert sums.rr_sum == pytest.approx(sum(1 / r for r in (1, 2, 3, 4, 10, 11, 50, 51)))
+    assert sums.auc_sum == 6.0
+    other = RankingSums(count=1, rank_sum=5.0, hits10=1, hits50=1, loss_sum=2.5)
+    sums.merge(other)
+    assert (sums.count, sums.rank_sum, sums.hits10, sums.loss_sum) == (9, 137, 6, 2.5)
 
 
 def test_grouped_summaries_match_separate_ones() -> None:

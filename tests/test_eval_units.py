@@ -165,7 +165,10 @@ def test_scores_as_low_as_a_mask_are_counted_one_by_one() -> None:
 
 @pytest.mark.parametrize("steal", [True, False])
 def test_the_workers_rank_an_eval_as_the_main_process_does(steal: bool) -> None:
+    """The workers score with the native kernel where it applies (as the main process does
+    when handed it), else eagerly."""
     from bigembed.train.hogwild import HogwildPool, WorkerSetup
+    from bigembed.train.native_eval import NativeEval
 
     model = _model("cos", "ranking", False)
     model.share_memory()
@@ -177,7 +180,8 @@ def test_the_workers_rank_an_eval_as_the_main_process_does(steal: bool) -> None:
         t.emb.share_memory_()
         t.state.share_memory_()
     lhs, rhs, rel, weight = _edges(250)
-    here = evaluate_edges(model, tables, SIDES, lhs, rhs, rel, weight, negs, 60, 9)
+    scorer = NativeEval.for_model(model, negs)
+    here = evaluate_edges(model, tables, SIDES, lhs, rhs, rel, weight, negs, 60, 9, scorer=scorer)
     plan = plan_eval(
         model, lambda k: tables[k].emb.shape[0], SIDES, lhs, rhs, rel, weight, negs, 60, 9
     )

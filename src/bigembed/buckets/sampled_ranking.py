@@ -168,6 +168,39 @@ def plan_eval(
     return EvalPlan(out, negs)
 
 
+@dataclass(frozen=True)
+class SideCounts:
+    """What a :class:`SideScorer` returns, per positive of one corrupted side: its unmasked
+    negatives scoring at least as high (``at_least``), below it (``below``) and in all
+    (``valid``), as int64, and its loss before the edge weight (``row_loss``, float32)."""
+
+    at_least: Tensor
+    below: Tensor
+    valid: Tensor
+    row_loss: Tensor
+
+
+class SideScorer(Protocol):
+    """Another implementation of a unit's scoring (training's native kernel,
+    :class:`bigembed.train.native_eval.NativeEval`)."""
+
+    def side(
+        self,
+        relation_idx: int,
+        side: int,
+        lhs_emb: Tensor,
+        rhs_emb: Tensor,
+        lhs_idx: np.ndarray,
+        rhs_idx: np.ndarray,
+        uniform: np.ndarray | None,
+    ) -> SideCounts | None:
+        """Score corrupted ``side`` (0 lhs, 1 rhs) of a batch (rows ``lhs_idx`` of ``lhs_emb``
+        and ``rhs_idx`` of ``rhs_emb``) against its batch negatives and the uniform ones at
+        offsets ``uniform`` of the corrupted side's table, as :func:`eval_unit` does; None
+        when it cannot (the eager path runs)."""
+        ...
+
+
 @torch.no_grad()
 def eval_unit(
     model: ScoringModel,
@@ -175,11 +208,21 @@ def eval_unit(
     sides: BucketSides,
     plan: EvalPlan,
     unit: int,
+    scorer: SideScorer | None = None,
 ) -> UnitResult:
-    """Rank one corrupted side of one batch of ``plan`` (see :class:`EvalPlan`)."""
+    """Rank one corrupted side of one batch of ``plan`` (see :class:`EvalPlan`): by
+    ``scorer`` when given and it can, else eagerly (the reference)."""
     b, k = plan.batches[unit // 2], unit % 2
     negs = plan.negs
     keys = sides[b.relation_idx]
+    weight = None if b.weight is None else torch.from_numpy(b.weight)
+    enabled = not (negs.disable_rhs if k else negs.disable_lhs)
+    if scorer is not None and enabled and not b.all_negs:
+        counts = scorer.side(
+            b.relation_idx, k, embeddings(keys[0]), embeddings(keys[1]), b.lhs, b.rhs, b.uniform[k]
+        )
+        if counts is not None:
+            return _unit_from_counts(counts, weight)
     gathered = [
         gather_drawn(
             embeddings(key),
@@ -192,7 +235,6 @@ def eval_unit(
         )
         for s, (key, idx, uidx) in enumerate(zip(keys, (b.lhs, b.rhs), b.uniform, strict=True))
     ]
-    weight = None if b.weight is None else torch.from_numpy(b.weight)
     rel = torch.from_numpy(b.rel)
     side = model.corrupted_sides(gathered[0], gathered[1], rel, b.relation_idx, negs)[k]
     sums = RankingSums()
@@ -202,6 +244,17 @@ def eval_unit(
     unmasked = _unmasked_counts(model, side, negs, b.all_negs)
     sums.add_ranks(*ranks_and_auc(side.pos, blocks, unmasked))
     return UnitResult(float(model.loss_fn(side.pos, blocks, weight)), sums)
+
+
+def _unit_from_counts(counts: SideCounts, weight: Tensor | None) -> UnitResult:
+    """A unit's result from a scorer's per-positive counts and losses, computed as the
+    eager path computes it from the score blocks (:func:`ranks_and_auc`, the loss's weighted
+    fp32 sum)."""
+    sums = RankingSums()
+    auc = counts.below.float() / counts.valid.float().clamp_min(1)
+    sums.add_ranks(counts.at_least + 1, auc)
+    per_positive = counts.row_loss if weight is None else counts.row_loss * weight
+    return UnitResult(float(per_positive.sum()), sums)
 
 
 #: Scores are bounded by the product of the norms (dot, cos); below this bound none can be NaN
@@ -261,13 +314,15 @@ def evaluate_edges(
     batch_size: int,
     seed: int,
     run_units: Callable[[EvalPlan], list[UnitResult]] | None = None,
+    scorer: SideScorer | None = None,
 ) -> RankingSums:
     """Rank each edge against its negatives on both sides; returns the summed metrics.
 
     The units of the eval (:class:`EvalPlan`) run here, or in ``run_units`` if given (training
     hands its Hogwild pool: :meth:`bigembed.train.hogwild.HogwildPool.run_eval`), with the
     same results: each unit scores one side of one batch as :meth:`ScoringModel.forward` does
-    and counts its ranks with one comparison pass when its unmasked negatives are known.
+    and counts its ranks with one comparison pass when its unmasked negatives are known, or
+    has ``scorer`` (training's native kernel) score it.
     """
     plan = plan_eval(
         model,
@@ -281,7 +336,10 @@ def evaluate_edges(
         batch_size,
         seed,
     )
+    if run_units is not None:
+        return merge_units(model, plan, run_units(plan))
     results = [
-        eval_unit(model, lambda key: tables[key].emb, sides, plan, u) for u in range(plan.num_units)
+        eval_unit(model, lambda key: tables[key].emb, sides, plan, u, scorer)
+        for u in range(plan.num_units)
     ]
     return merge_units(model, plan, results)

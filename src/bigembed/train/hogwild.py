@@ -54,6 +54,7 @@ from bigembed.partition_keys import PartitionKey
 from bigembed.train.batch_gate import BatchGate
 from bigembed.train.edge_buffers import EdgeBuffer, EdgeBuffers, PreparedEdges
 from bigembed.train.malloc_tuning import keep_freed_memory
+from bigembed.train.native_eval import NativeEval
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_cache import Drop, Handle, SentObjects, WorkerCache
 from bigembed.train.worker_guard import adopt_environment, worker_context, worker_entry
@@ -148,13 +149,15 @@ def run_eval_task(
     units: Iterator[int] = (
         iter(batches.take, None) if batches is not None else iter(range(rank, n, task.workers))
     )
+    scorer = NativeEval.for_model(setup.model, task.plan.negs)
     out = []
     for u in units:
         if u >= n:
             break
-        out.append(
-            (u, eval_unit(setup.model, lambda key: task.tables[key].emb, task.sides, task.plan, u))
+        result = eval_unit(
+            setup.model, lambda key: task.tables[key].emb, task.sides, task.plan, u, scorer
         )
+        out.append((u, result))
     return out
 
 
@@ -501,8 +504,9 @@ class HogwildPool:
         """Rank the units of a withheld-edge eval in the workers (each on its one thread, as
         they train); returns the results in unit order. With one worker: here."""
         if self.workers == 1:
+            scorer = NativeEval.for_model(self.setup.model, plan.negs)
             return [
-                eval_unit(self.setup.model, lambda key: tables[key].emb, sides, plan, u)
+                eval_unit(self.setup.model, lambda key: tables[key].emb, sides, plan, u, scorer)
                 for u in range(plan.num_units)
             ]
         if self._batches is not None:

@@ -1,4 +1,5 @@
-"""Building and loading the native step kernel (``native_step.cpp``): once per machine, cached.
+"""Building and loading the native kernels (``native_step.cpp``: the training step and the
+withheld-edge eval's scoring): once per machine, cached.
 
 The kernel is plain C++ with a C ABI (no torch headers, no Python headers): the system
 compiler (``$CXX``, else ``c++``) builds it in about 1.5 s into a per-user cache
@@ -29,8 +30,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_step.cpp")
-#: The kernel's ABI version (``bigembed_native_abi()``): bumped with ``StepArgs``' layout.
-ABI = 1
+#: The kernel's ABI version (``bigembed_native_abi()``): bumped with ``StepArgs``' or
+#: ``EvalArgs``' layout or a new entry point.
+ABI = 2
 #: Seconds a build may take before it is given up (the eager path is used then).
 BUILD_TIMEOUT = 120
 
@@ -97,8 +99,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.bigembed_native_abi.restype = ctypes.c_int
     if lib.bigembed_native_abi() != ABI:
         raise OSError(f"{path} has ABI {lib.bigembed_native_abi()}, expected {ABI}")
-    lib.bigembed_native_step.restype = ctypes.c_int
-    lib.bigembed_native_step.argtypes = [ctypes.c_void_p]
+    for entry in (lib.bigembed_native_step, lib.bigembed_native_eval):
+        entry.restype = ctypes.c_int
+        entry.argtypes = [ctypes.c_void_p]
     return lib
 
 

@@ -83,7 +83,35 @@ struct StepArgs {
     int64_t violators_rhs;
 };
 
-int bigembed_native_abi(void) { return 1; }
+// Field order and types match bigembed.train.native_eval._EvalArgs (ctypes). One corrupted
+// side of one batch of the withheld-edge eval: scores only, no update.
+struct EvalArgs {
+    const float* lhs_emb;
+    const float* rhs_emb;
+    const int64_t* lhs_idx;
+    const int64_t* rhs_idx;
+    const int64_t* uidx;  // the corrupted side's uniform negatives (groups * num_uniform), or null
+    const float* op_param;  // (dim,) or null (identity)
+    const float* lhs_glob;  // (dim,) or null
+    const float* rhs_glob;
+    int64_t dim;
+    int64_t batch;
+    int64_t num_batch_negs;
+    int64_t num_uniform;
+    int64_t uniform_group;
+    int64_t cos;
+    int64_t loss_kind;  // 0 softmax, 1 ranking, 2 logistic
+    int64_t op_kind;  // 0 identity, 1 translation, 2 diagonal
+    int64_t side;  // the corrupted side: 0 lhs, 1 rhs
+    double margin;
+    // outputs, (batch,) each
+    int64_t* at_least;  // unmasked negatives scoring >= the positive
+    int64_t* below;  // unmasked negatives scoring < the positive
+    int64_t* valid;  // unmasked negatives
+    float* row_loss;  // the loss of each positive (before the edge weight)
+};
+
+int bigembed_native_abi(void) { return 2; }
 
 }  // extern "C"
 
@@ -557,6 +585,233 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     } else {
         row_adagrad(a->lhs_emb, a->lhs_state, a->lhs_rows, D, dp, lhs_up, nl, lr);
         row_adagrad(a->rhs_emb, a->rhs_state, a->rhs_rows, D, dp, rhs_up, nr, lr);
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ withheld-edge eval
+// bigembed.buckets.sampled_ranking.eval_unit is the reference: the same scores (up to the
+// products' float rounding), the masks of bigembed.model.negatives (own positive and a short
+// chunk's padding at -1e9), the counts of bigembed.buckets.metrics.ranks_and_auc (a negative
+// counts only if its score is above -1e9 / 2; ties count against the positive) and the loss of
+// bigembed.model.losses per positive. No backward, no update.
+
+namespace {
+
+const int64_t PANEL = 16;  // columns per packed panel (micro<R, 2>)
+const float MASK_THRESHOLD = MASKED / 2;
+
+struct EvalScratch {
+    std::vector<float> buf;
+};
+thread_local EvalScratch eval_scratch;
+
+// Rows [0, n) of `src` (dp-strided) as panels of PANEL columns: panel p holds, for each of the
+// K coordinates, the PANEL rows 16p..16p+15 (zero beyond n): the products read it contiguously.
+void pack_panels(const float* src, int64_t n, int64_t K, int64_t dp, float* out) {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    for (int64_t p = 0; p < panels; ++p) {
+        float* o = out + p * K * PANEL;
+        for (int64_t l = 0; l < PANEL; ++l) {
+            const int64_t r = p * PANEL + l;
+            if (r < n) {
+                const float* x = src + r * dp;
+                for (int64_t k = 0; k < K; ++k) o[k * PANEL + l] = x[k];
+            } else {
+                for (int64_t k = 0; k < K; ++k) o[k * PANEL + l] = 0.f;
+            }
+        }
+    }
+}
+
+// C[M x 16 * panels] (ldc) = X (M x K, row stride xi) times the packed panels.
+void gemm_panels(int64_t M, int64_t panels, int64_t K, const float* X, int64_t xi,
+                 const float* packed, float* C, int64_t ldc) {
+    for (int64_t p = 0; p < panels; ++p) {
+        const float* P = packed + p * K * PANEL;
+        float* Cp = C + p * PANEL;
+        int64_t i = 0;
+        for (; i + 6 <= M; i += 6) micro<6, 2>(K, X + i * xi, xi, 1, P, PANEL, Cp + i * ldc, ldc, false);
+        const float* x = X + i * xi;
+        float* c = Cp + i * ldc;
+        switch (M - i) {
+            case 5: micro<5, 2>(K, x, xi, 1, P, PANEL, c, ldc, false); break;
+            case 4: micro<4, 2>(K, x, xi, 1, P, PANEL, c, ldc, false); break;
+            case 3: micro<3, 2>(K, x, xi, 1, P, PANEL, c, ldc, false); break;
+            case 2: micro<2, 2>(K, x, xi, 1, P, PANEL, c, ldc, false); break;
+            case 1: micro<1, 2>(K, x, xi, 1, P, PANEL, c, ldc, false); break;
+            default: break;
+        }
+    }
+}
+
+inline int64_t hsum_count(v8i v) {
+    int64_t s = 0;
+    for (int i = 0; i < 8; ++i) s += v[i];
+    return s;
+}
+
+// Counts and loss of one positive `p` against its scores x[0, W): columns [0, kb) the batch
+// negatives, [kb, W) the uniform ones (masked entries already at MASKED). `total`: the
+// negatives the logistic loss averages over (the eager blocks' widths, masked ones included).
+float score_row(const float* x, int64_t kb, int64_t W, float p, int kind, float margin,
+                float total, int64_t* at_least, int64_t* below, int64_t* valid) {
+    const v8 vp = splat(p), vthr = splat(MASK_THRESHOLD);
+    v8i c_ge = {}, c_lt = {}, c_ok = {}, c_nan = {};
+    for (int64_t j = 0; j < W; j += 8) {
+        const v8 s = load8(x + j);
+        const v8i ok = (v8i)(s > vthr);
+        c_ge -= ok & (v8i)(s >= vp);
+        c_lt -= ok & (v8i)(s < vp);
+        c_ok -= ok;
+        c_nan |= (v8i)(s != s);
+    }
+    *at_least = hsum_count(c_ge);
+    *below = hsum_count(c_lt);
+    *valid = hsum_count(c_ok);
+    bool nan = p != p;
+    for (int l = 0; l < 8; ++l) nan = nan || c_nan[l] != 0;
+    if (nan) return std::nanf("");  // every loss propagates a NaN score, as torch's do
+    const int64_t bounds[3] = {0, kb, W};
+    if (kind == 1) {  // ranking: sum of max(0, s - (p - margin)), block by block
+        const v8 thr = splat(p - margin), zero = {};
+        float per = 0.f;
+        for (int blk = 0; blk < 2; ++blk) {
+            v8 acc = {};
+            for (int64_t j = bounds[blk]; j < bounds[blk + 1]; j += 8) {
+                const v8 d = load8(x + j) - thr;
+                acc += d > zero ? d : zero;
+            }
+            per += hsum(acc);
+        }
+        return per;
+    }
+    if (kind == 0) {  // softmax: -log(e^p / (e^p + sum e^s)), shifted by the row's max
+        v8 vm = vp;
+        for (int64_t j = 0; j < W; j += 8) vm = vmax(vm, load8(x + j));
+        const float m = hmax(vm);
+        const v8 vmm = splat(m);
+        const float e0 = std::exp(p - m);
+        float denom = e0;
+        for (int blk = 0; blk < 2; ++blk) {
+            v8 acc = {};
+            for (int64_t j = bounds[blk]; j < bounds[blk + 1]; j += 8) acc += exp8(load8(x + j) - vmm);
+            denom += hsum(acc);
+        }
+        return -std::log(std::fmax(e0 / denom, 1e-38f));
+    }
+    // logistic: softplus(-p) + mean of softplus(s) (a masked score adds exactly 0)
+    float sum = 0.f;
+    for (int blk = 0; blk < 2; ++blk) {
+        float part = 0.f;
+        for (int64_t j = bounds[blk]; j < bounds[blk + 1]; ++j)
+            if (x[j] > MASK_THRESHOLD) part += softplus(x[j]);
+        sum += part;
+    }
+    return total > 0.f ? softplus(-p) + sum / total : softplus(-p);
+}
+
+}  // namespace
+
+extern "C" int bigembed_native_eval(EvalArgs* a) {
+    const int64_t B = a->batch, D = a->dim, dp = pad8(D), nu = a->num_uniform;
+    const int64_t gs = a->uniform_group;
+    const int64_t groups = nu > 0 ? (B + gs - 1) / gs : 0;
+    const int64_t nuni = groups * nu;
+    const int64_t k = a->num_batch_negs > 0 ? (a->num_batch_negs < B ? a->num_batch_negs : B) : 0;
+    const bool cos = a->cos != 0;
+    const int op = static_cast<int>(a->op_kind);
+    const int kind = static_cast<int>(a->loss_kind);
+    const int64_t pb = (k + PANEL - 1) / PANEL, pu = (nu + PANEL - 1) / PANEL;
+    const int64_t kb = pb * PANEL, W = kb + pu * PANEL;
+    // Rows per score tile: about 128 KiB of scores (stays in L2 for the row pass).
+    int64_t T = W > 0 ? (32768 / W) / 6 * 6 : B;
+    if (T < 6) T = 6;
+    const int64_t need = 2 * B * dp + nuni * dp + (pb + pu) * D * PANEL + T * W + B + 8;
+    std::vector<float>& buf = eval_scratch.buf;
+    if (static_cast<int64_t>(buf.size()) < need) buf.assign(need, 0.f);
+    float* p = buf.data();
+    auto take = [&p](int64_t n) {
+        float* out = p;
+        p += n;
+        return out;
+    };
+    float* lrows = take(B * dp);
+    float* rrows = take(B * dp);
+    float* urows = take(nuni * dp);
+    float* packed_b = take(pb * D * PANEL);
+    float* packed_u = take(pu * D * PANEL);
+    float* tile = take(T * W);
+    float* pos = take(B);
+
+    std::vector<float> param(dp, 0.f), lglob(dp, 0.f), rglob(dp, 0.f), inv(B > nuni ? B : nuni);
+    if (op != 0) std::memcpy(param.data(), a->op_param, D * sizeof(float));
+    const float* lg = nullptr;
+    const float* rg = nullptr;
+    if (a->lhs_glob != nullptr) lg = static_cast<const float*>(std::memcpy(lglob.data(), a->lhs_glob, D * sizeof(float)));
+    if (a->rhs_glob != nullptr) rg = static_cast<const float*>(std::memcpy(rglob.data(), a->rhs_glob, D * sizeof(float)));
+    const bool rhs_side = a->side == 1;
+    gather(a->lhs_emb, a->lhs_idx, B, D, dp, lrows);
+    gather(a->rhs_emb, a->rhs_idx, B, D, dp, rrows);
+    if (nuni > 0) gather(rhs_side ? a->rhs_emb : a->lhs_emb, a->uidx, nuni, D, dp, urows);
+    // Prepared in place (no backward here): lhs rows, rhs rows through the operator, and the
+    // uniform rows as their side's positives.
+    Rows L{lrows, lrows, inv.data(), nullptr, B};
+    prepare(L, dp, cos, 0, nullptr, lg);
+    Rows R{rrows, rrows, inv.data(), nullptr, B};
+    prepare(R, dp, cos, op, param.data(), rg);
+    Rows U{urows, urows, inv.data(), nullptr, nuni};
+    if (rhs_side)
+        prepare(U, dp, cos, op, param.data(), rg);
+    else
+        prepare(U, dp, cos, 0, nullptr, lg);
+    // The corrupted side's rows are the batch negatives; the other side's rows the anchors.
+    const float* A = rhs_side ? lrows : rrows;
+    const float* S = rhs_side ? rrows : lrows;
+    // Each positive's score by the products' own kernel (anchor times a one-column panel):
+    // a negative that is the positive's own entity ties with it exactly and counts against
+    // it, whatever the rounding (the order of the sum and whether it is fused).
+    {
+        std::vector<float> col(D * 8, 0.f);
+        float out[8];
+        for (int64_t i = 0; i < B; ++i) {
+            for (int64_t d = 0; d < D; ++d) col[d * 8] = S[i * dp + d];
+            micro<1, 1>(D, A + i * dp, dp, 1, col.data(), 8, out, 8, false);
+            pos[i] = out[0];
+        }
+    }
+    const float margin = static_cast<float>(a->margin);
+    const float total = static_cast<float>(k + nu);
+    int64_t cur_chunk = -1, cur_group = -1;
+    for (int64_t r0 = 0; r0 < B;) {
+        const int64_t chunk = k > 0 ? r0 / k : 0, group = r0 / gs;
+        int64_t r1 = r0 + T;
+        if (nu > 0 && (group + 1) * gs < r1) r1 = (group + 1) * gs;
+        if (k > 0 && (chunk + 1) * k < r1) r1 = (chunk + 1) * k;
+        if (r1 > B) r1 = B;
+        const int64_t rows = r1 - r0, c0 = chunk * k;
+        const int64_t kreal = k > 0 ? ((B - c0) < k ? (B - c0) : k) : 0;
+        if (k > 0 && chunk != cur_chunk) {
+            pack_panels(S + c0 * dp, kreal, D, dp, packed_b);
+            cur_chunk = chunk;
+        }
+        if (nu > 0 && group != cur_group) {
+            pack_panels(urows + group * nu * dp, nu, D, dp, packed_u);
+            cur_group = group;
+        }
+        const float* Ab = A + r0 * dp;
+        if (pb > 0) gemm_panels(rows, pb, D, Ab, dp, packed_b, tile, W);
+        if (pu > 0) gemm_panels(rows, pu, D, Ab, dp, packed_u, tile + kb, W);
+        for (int64_t i = 0; i < rows; ++i) {
+            const int64_t r = r0 + i;
+            float* x = tile + i * W;
+            for (int64_t j = kreal; j < kb; ++j) x[j] = MASKED;
+            if (k > 0) x[r - c0] = MASKED;
+            for (int64_t j = kb + nu; j < W; ++j) x[j] = MASKED;
+            a->row_loss[r] = score_row(x, kb, W, pos[r], kind, margin, total, a->at_least + r,
+                                       a->below + r, a->valid + r);
+        }
+        r0 = r1;
     }
     return 0;
 }

@@ -44,7 +44,8 @@ MAX_NEGATIVES = 512
 #: Embedding dimension above which the eager path runs.
 MAX_DIMENSION = 512
 
-_LOSS_KINDS = {"softmax": 0, "ranking": 1, "logistic": 2}
+#: The kernels' code of each loss (``loss_kind`` of StepArgs and EvalArgs).
+NATIVE_LOSS_KINDS = {"softmax": 0, "ranking": 1, "logistic": 2}
 _OPERATOR_KINDS = {IdentityOperator: 0, TranslationOperator: 1, DiagonalOperator: 2}
 
 _P = ctypes.c_void_p
@@ -88,6 +89,23 @@ class NativeResult:
     violators_rhs: int
 
 
+def relation_plan(model: ScoringModel, idx: int) -> _Relation | None:
+    """What the kernels need of relation ``idx`` of a standard-mode model, or None when its
+    operator is not one they know or it ranks against all entities (``all_negs``)."""
+    rspec = model.relation_spec(idx)
+    op = model.rhs_operator(idx)
+    kind = _OPERATOR_KINDS.get(type(op))
+    if kind is None or rspec.all_negs:
+        return None
+    param = None
+    if isinstance(op, TranslationOperator):
+        param = op.translation
+    elif isinstance(op, DiagonalOperator):
+        param = op.diagonal
+    globs = model.global_embs
+    return _Relation(kind, param, float(rspec.weight), globs.get(rspec.lhs), globs.get(rspec.rhs))
+
+
 def _model_supported(model: ScoringModel, negs: NegativeSettings) -> bool:
     spec = model.spec
     return (
@@ -111,7 +129,7 @@ class NativeStep:
         self.model = model
         self.negs = negs
         self.cos = isinstance(model.comparator, CosComparator)
-        self.loss_kind = _LOSS_KINDS[model.spec.loss]
+        self.loss_kind = NATIVE_LOSS_KINDS[model.spec.loss]
         self.margin = float(model.spec.margin)
         self._relations: dict[int, _Relation | None] = {}
 
@@ -136,25 +154,7 @@ class NativeStep:
 
     def _relation(self, idx: int) -> _Relation | None:
         if idx not in self._relations:
-            rspec = self.model.relation_spec(idx)
-            op = self.model.rhs_operator(idx)
-            kind = _OPERATOR_KINDS.get(type(op))
-            plan = None
-            if kind is not None and not rspec.all_negs:
-                param = None
-                if isinstance(op, TranslationOperator):
-                    param = op.translation
-                elif isinstance(op, DiagonalOperator):
-                    param = op.diagonal
-                globs = self.model.global_embs
-                plan = _Relation(
-                    kind,
-                    param,
-                    float(rspec.weight),
-                    globs.get(rspec.lhs),
-                    globs.get(rspec.rhs),
-                )
-            self._relations[idx] = plan
+            self._relations[idx] = relation_plan(self.model, idx)
         return self._relations[idx]
 
     def step(

@@ -23,6 +23,7 @@ from bigembed.config import ConfigSchema
 from bigembed.model.scoring import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
 from bigembed.train.iteration import Iteration, mix_seed
+from bigembed.train.native_eval import NativeEval
 from bigembed.train.records import BucketRecord, StepRecord
 from bigembed.train.step import Table
 
@@ -149,6 +150,9 @@ class WithheldEdgeEval(Observer):
         self.seed = cfg.seed
         self.negs = negative_settings(cfg, for_eval=True)
         self.batch_size = cfg.batch_size  # evaluate_edges rounds it to the batch negatives
+        # The native scoring where it applies (here when the eval runs in this process; the
+        # Hogwild workers use their own).
+        self.scorer = NativeEval.for_model(model, self.negs)
         self._before: RankingSums | None = None
         self.step_before, self.step_after = RankingSums(), RankingSums()
 
@@ -169,6 +173,7 @@ class WithheldEdgeEval(Observer):
             self.batch_size,
             seed,
             work.run_eval,
+            self.scorer,
         )
 
     def step_started(self, it: Iteration, num_edges: int) -> None:
