@@ -216,6 +216,21 @@ def test_the_store_evicts_the_leaving_partition_early_within_its_capacity(
         assert torch.allclose(store.read(("node", p)).emb, initial + uses), p
 
 
+def test_a_bucket_off_the_plan_takes_the_room_of_partitions_read_ahead(tmp_path: Path) -> None:
+    """Partitions read ahead for later planned buckets hold slots of the capacity; a bucket
+    that needs them all (off the plan) makes them resident and evicts them rather than
+    failing for want of room."""
+    store = _store(tmp_path, 2, background=True)
+    store.plan([{("node", 0)}, {("node", 1)}, {("node", 2)}])
+    store.ensure({("node", 0)})
+    store.drain()
+    assert set(store._reading) == {("node", 1)}, "partition 1 is read ahead"
+    tables = store.ensure({("node", 3), ("node", 4)})
+    assert set(tables) == {("node", 3), ("node", 4)}
+    assert store.peak_tables <= 2
+    store.flush()
+
+
 def test_a_written_back_table_is_freed_before_its_write_back_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -122,8 +122,8 @@ def _staggered_order(nparts: int, slots: int, rng: random.Random) -> list[Bucket
     reading ahead. Each arrival trains up to ``slots - 1`` new partition pairs (``slots - 2``
     fixed ones and its predecessor in the chain), as many as BETA's with a buffer of ``slots``
     and one more than BETA's with the ``slots - 1`` it could plan for when a slot is kept for
-    reading ahead; the chains' pairs leave the last passes' untrained pairs scattered, so a pass
-    loads a few more partitions than BETA's with ``slots`` (16 partitions, 4 slots: 49 against
+    reading ahead; the chains' pairs leave the last untrained pairs scattered, so a pass
+    loads a few more partitions than BETA's with ``slots`` (16 partitions, 4 slots: 47 against
     46; BETA with 3: 58). Then the next ``slots - 2`` partitions with untrained buckets are
     fixed (those resident first) and the chain starts again.
 
