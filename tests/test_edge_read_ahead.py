@@ -79,7 +79,7 @@ def test_read_ahead_reads_edges_off_the_training_thread_and_trains_the_same_edge
     assert len(ahead) == len(inline) == 2 * NPARTS * NPARTS
     assert len(ahead_main) == len(ahead) and not any(ahead_main), "edges read in training thread"
     assert all(inline_main), "without read-ahead the training thread reads the edges"
-    # The buffer order plans one slot less with read-ahead, so the buckets may come in another
+    # With read-ahead the buffer order is the staggered one, so the buckets may come in another
     # order; each bucket of each epoch (its seed) must train the same edges in the same order.
     by_seed = {a[0]: a for a in ahead}
     assert len(by_seed) == len(ahead) and set(by_seed) == {b[0] for b in inline}

@@ -6,14 +6,15 @@ the background, in a buffer-aware bucket order.
 * From the store's event log: a partition is never read while its write-back is queued or in
   progress, and no more tables than the capacity are ever alive.
 * The ``buffer`` order trains every bucket once, and the partitions a pass loads fall with the
-  buffer as BETA claims (about ``p^2 / (2 (c - 1))``).
+  buffer as BETA claims (about ``p^2 / (2 (c - 1))``). With read-ahead it is staggered: the
+  partition leaving at each swap is trained first in the group before it, and the store
+  writes it back and reads the next one while the rest of the group trains.
 * ``memory_budget`` decides the capacity, names itself when it is too small, and parses units.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import random
@@ -37,7 +38,7 @@ from bigembed.train import partition_io
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Trainer
 from bigembed.train.memory_budget import plan_memory
-from bigembed.train.partitions import PartitionStore
+from bigembed.train.partitions import PartitionStore, init_embeddings
 from bigembed.train.step import Table
 from synthetic import budget_for, graph_config, write_graph
 from test_out_of_core import TreeMemory, _tree
@@ -167,6 +168,69 @@ def test_store_never_reads_a_partition_before_its_write_back(tmp_path: Path) -> 
         assert torch.allclose(table.emb, fresh.emb + uses), p
 
 
+def test_the_store_evicts_the_leaving_partition_early_within_its_capacity(
+    tmp_path: Path,
+) -> None:
+    """With the staggered order planned, the store writes the leaving partition back and reads
+    the next one while the buckets before the swap still train (read-ahead past the next
+    bucket), yet swaps exactly what evicting at the swap would (the same loads as the
+    simulation), never holds more than its capacity, never reads a partition before its
+    write-back, and every bucket's update reaches the checkpoint."""
+    nparts, capacity = 12, 4
+    order = bucket_order("buffer", nparts, nparts, random.Random(5), capacity, read_ahead=True)
+    counts = {("node", p): 30 for p in range(nparts)}
+    store = SlowWriterStore(
+        counts,
+        {"node": 4},
+        CheckpointStore(tmp_path / "ck"),
+        committed=0,
+        working=1,
+        init_source=None,
+        init_scale=0.1,
+        seed=1,
+        shared=False,
+        capacity=capacity,
+        background=True,
+    )
+    assert store.events is not None
+    started: list[int] = []  # where each bucket starts in the event log
+    keys = [{("node", i), ("node", j)} for i, j in order]
+    store.plan(keys)
+    for k in keys:
+        started.append(len(store.events))
+        for t in store.ensure(k).values():
+            t.emb.add_(1.0)
+    store.flush()
+    _never_read_while_writing(store.events)
+    assert store.peak_tables <= capacity
+    assert store.loads == _belady_loads(order, capacity), "early evictions changed the swaps"
+    swaps = _evictions(order, capacity)
+    queued = [i for i, (kind, _) in enumerate(store.events) if kind == "write_queued"]
+    assert len(queued) == len(swaps)
+    # evicted before the bucket preceding its swap started
+    early = sum(q < started[i - 1] for q, (i, _) in zip(queued, swaps, strict=True))
+    assert early >= 0.7 * len(swaps), (early, len(swaps))
+    for p in range(nparts):
+        uses = sum((i == p) + (j == p) - (i == j == p) for i, j in order)
+        initial = init_embeddings(30, 4, 0.1, 1, "node", p)
+        assert torch.allclose(store.read(("node", p)).emb, initial + uses), p
+
+
+def test_a_bucket_off_the_plan_takes_the_room_of_partitions_read_ahead(tmp_path: Path) -> None:
+    """Partitions read ahead for later planned buckets hold slots of the capacity; a bucket
+    that needs them all (off the plan) makes them resident and evicts them rather than
+    failing for want of room."""
+    store = _store(tmp_path, 2, background=True)
+    store.plan([{("node", 0)}, {("node", 1)}, {("node", 2)}])
+    store.ensure({("node", 0)})
+    store.drain()
+    assert set(store._reading) == {("node", 1)}, "partition 1 is read ahead"
+    tables = store.ensure({("node", 3), ("node", 4)})
+    assert set(tables) == {("node", 3), ("node", 4)}
+    assert store.peak_tables <= 2
+    store.flush()
+
+
 def test_a_written_back_table_is_freed_before_its_write_back_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -209,7 +273,7 @@ def test_a_written_back_table_is_freed_before_its_write_back_completes(
         return table
 
     store._allocate = counted  # type: ignore[method-assign]
-    order = bucket_order("buffer", 8, 8, random.Random(3), buffer=capacity - 1)
+    order = bucket_order("buffer", 8, 8, random.Random(3), capacity, read_ahead=True)
     keys = [{("node", i), ("node", j)} for i, j in order]
     store.plan(keys)
     for k in keys:
@@ -240,27 +304,76 @@ def test_buffer_order_trains_every_bucket_once_and_swaps_less(nparts: int) -> No
     assert loads[8] < loads[4] < loads[3] < loads[2] <= two, (loads, two)
 
 
-@pytest.mark.parametrize("c", [3, 4])
-def test_buffer_order_trains_the_costliest_bucket_before_each_swap(c: int) -> None:
-    """With the cost model's costs, the buffer order keeps its swaps (the same loads) and the
-    bucket trained just before each swap (while the next partition is read ahead) is the
-    costliest of the buckets trained since the previous swap."""
-    nparts = 8
-    rng = random.Random(4)
-    costs = {(i, j): rng.lognormvariate(0, 1) for i in range(nparts) for j in range(nparts)}
-    plain = bucket_order("buffer", nparts, nparts, random.Random(7), c)
-    order = bucket_order("buffer", nparts, nparts, random.Random(7), c, costs)
-    assert sorted(order) == sorted(costs)
-    assert _belady_loads(order, c) == _belady_loads(plain, c)
-    loads_at = _belady_load_positions(order, c)
-    swaps = beaten = 0
-    for prev, k in itertools.pairwise(loads_at):
-        since = order[prev:k]
-        if since:
-            swaps += 1
-            beaten += costs[since[-1]] < max(costs[b] for b in since)
-    assert swaps > nparts, swaps
-    assert beaten == 0, f"{beaten} of {swaps} swaps follow a cheaper bucket than the costliest"
+def _evictions(order: list[tuple[int, int]], capacity: int) -> list[tuple[int, int]]:
+    """(bucket position, partition) of each eviction the partition store makes (the partition
+    needed furthest ahead goes when a bucket needs room)."""
+    resident: set[int] = set()
+    out = []
+    for i, bucket in enumerate(order):
+        for p in sorted(set(bucket) - resident):
+            if len(resident) >= capacity:
+
+                def next_use(q: int, i: int = i) -> int:
+                    return next((k for k in range(i, len(order)) if q in order[k]), 1 << 30)
+
+                victim = max(sorted(resident - set(bucket)), key=next_use)
+                resident.remove(victim)
+                out.append((i, victim))
+            resident.add(p)
+    return out
+
+
+def _early_evictions(order: list[tuple[int, int]], capacity: int) -> tuple[int, int]:
+    """(evictions, those the store can make before the bucket preceding their swap starts:
+    the partition leaving is not used by the two buckets before the swap, so its write-back
+    and the next read overlap at least one bucket's training)."""
+    evictions = _evictions(order, capacity)
+    early = sum(p not in order[i - 1] and p not in order[i - 2] for i, p in evictions)
+    return len(evictions), early
+
+
+def _assert_leaving_first(
+    group: list[tuple[int, int]], leaving: int, after: list[tuple[int, int]]
+) -> None:
+    """In the group of buckets before a swap, the leaving partition's buckets come first. If
+    the group finishes several partitions (none used ``after``), the store may evict any of
+    them (a tie it breaks by its own rule): then the buckets using one of those come first,
+    the leaving partition's among them."""
+    uses = [k for k, b in enumerate(group) if leaving in b]
+    finished = {q for b in group for q in b if not any(q in x for x in after)}
+    if leaving in finished:
+        lead = [k for k, b in enumerate(group) if finished & set(b)]
+        assert lead == list(range(len(lead))) and set(uses) <= set(lead), (leaving, group)
+    else:
+        assert uses == list(range(len(uses))), (leaving, group)
+
+
+@pytest.mark.parametrize(("nparts", "c"), [(16, 3), (16, 4), (32, 4), (16, 6), (12, 5)])
+def test_staggered_buffer_order_frees_the_leaving_partition_early(nparts: int, c: int) -> None:
+    """The ``buffer`` order with read-ahead: every bucket once; in the group of buckets before
+    each swap, the leaving partition's come first, so for most swaps it is idle for the bucket
+    before the swap and longer (its write-back and the next read overlap training; BETA keeps
+    it busy up to the swap); no more loads than BETA planned one slot short (what read-ahead
+    needed before) and at most 10% more than BETA with all ``c`` slots; every bucket after the
+    first shares a partition with an earlier one."""
+    every = [(i, j) for i in range(nparts) for j in range(nparts)]
+    for seed in range(3):
+        order = bucket_order("buffer", nparts, nparts, random.Random(seed), c, read_ahead=True)
+        beta = bucket_order("buffer", nparts, nparts, random.Random(seed), c)
+        assert sorted(order) == every
+        seen = set(order[0])
+        for k, (i, j) in enumerate(order[1:], 1):
+            assert i in seen or j in seen, f"bucket {k} {(i, j)} touches no trained partition"
+            seen |= {i, j}
+        loads = _belady_loads(order, c)
+        short = _belady_loads(bucket_order("buffer", nparts, nparts, random.Random(seed), c - 1), c)
+        assert loads <= short and loads <= 1.1 * _belady_loads(beta, c), (loads, short)
+        swaps = _belady_load_positions(order, c)
+        for i, p in _evictions(order, c):
+            _assert_leaving_first(order[max(k for k in swaps if k < i) : i], p, order[i:])
+        evictions, early = _early_evictions(order, c)
+        assert early >= 0.7 * evictions, (early, evictions)
+        assert _early_evictions(beta, c)[1] < early, "BETA keeps more partitions busy to the end"
 
 
 def _belady_loads(order: list[tuple[int, int]], capacity: int) -> int:
@@ -291,13 +404,41 @@ def test_the_store_loads_fall_with_the_capacity(tmp_path: Path) -> None:
     """The real store, planned with the buffer order of its capacity: loads per pass fall."""
     loads = {}
     for c in (2, 4, 6):
-        order = bucket_order("buffer", 8, 8, random.Random(1), c - 1 if c > 2 else 2)
+        order = bucket_order("buffer", 8, 8, random.Random(1), c, read_ahead=True)
         store = _store(tmp_path, c, background=True)
         _run_order(store, order)
         loads[c] = store.loads
         assert store.peak_tables <= c
     assert loads[6] < loads[4] < loads[2], loads
     assert loads[4] * 2 <= loads[2], loads
+
+
+@pytest.mark.parametrize(
+    ("capacity", "types", "prefetch", "want"),
+    [(7, 2, True, 3), (8, 2, True, 4), (8, 2, False, 4), (5, 1, True, 5), (3, 2, True, 2)],
+)
+def test_the_order_plans_whole_partition_indices_of_the_capacity(
+    capacity: int, types: int, prefetch: bool, want: int
+) -> None:
+    """With two partitioned entity types a swap moves a partition index (two tables): the
+    order plans ``capacity // 2`` indices, with or without read-ahead (the staggered order
+    reads into the slot the leaving index frees), so an even capacity is used whole."""
+    from types import SimpleNamespace
+
+    names = ["a", "b"][:types]
+    cfg = parse_config_dict(
+        {
+            "entities": {t: {"num_partitions": 4} for t in names},
+            "relations": [{"name": "r", "lhs": names[0], "rhs": names[-1]}],
+            "entity_path": "e",
+            "edge_paths": ["x"],
+            "checkpoint_path": "c",
+            "dimension": 8,
+            "partition_prefetch": prefetch,
+        }
+    )
+    fake = SimpleNamespace(cfg=cfg, memory=SimpleNamespace(capacity=capacity))
+    assert Trainer._order_buffer(fake) == want  # type: ignore[arg-type]
 
 
 def test_memory_budget_sets_the_capacity(tmp_path: Path) -> None:
@@ -445,7 +586,7 @@ def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Pat
 SLOW_WRITE = 0.08
 _SLOW_RANK = (
     "import sys, time\n"
-    "from bigembed.train.partitions import PartitionStore\n"
+    "from bigembed.train.partitions import PartitionStore, init_embeddings\n"
     "_save = PartitionStore._save\n"
     "def slow(self, key, table):\n"
     f"    time.sleep({SLOW_WRITE})\n"

@@ -485,8 +485,9 @@ class ConfigSchema(BaseModel):
     bucket_order: BucketOrder = Field(
         default="inside_out",
         description="Order of buckets within a pass: random, affinity, inside_out, outside_in, "
-        "or buffer (bigembed only: BETA-like, fewest swaps for the partitions memory_budget "
-        "holds) (single machine).",
+        "or buffer (bigembed only: few swaps for the partitions memory_budget holds; with "
+        "partition_prefetch staggered so the partition leaving at each swap is written back "
+        "and its successor read while training goes on, else BETA) (single machine).",
     )
     load_balancing: LoadBalancing = Field(
         default="cost",

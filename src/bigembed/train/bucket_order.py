@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 
 from bigembed.partition_keys import Bucket
-
-Costs = Mapping[Bucket, float]
 
 
 def _layers(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[list[Bucket]]:
@@ -53,31 +50,18 @@ def _affinity(nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> list[Buck
     return order
 
 
-def _emit(
-    pairs: list[tuple[int, int]], rng: random.Random, costs: Costs | None = None
-) -> list[Bucket]:
-    """The buckets of unordered partition pairs, a bucket next to its transpose, in random order.
-
-    With ``costs``, the costliest bucket comes last (its transpose just before it): the bucket
-    trained last before the next swap is the one during which the store reads the next
-    partition ahead, so the longest one hides most of that read."""
+def _emit(pairs: list[tuple[int, int]], rng: random.Random) -> list[Bucket]:
+    """The buckets of unordered partition pairs, a bucket next to its transpose, in random order."""
     groups: list[list[Bucket]] = []
     for a, b in pairs:
         group: list[Bucket] = [(a, a)] if a == b else [(a, b), (b, a)]
         rng.shuffle(group)
         groups.append(group)
     rng.shuffle(groups)
-    if costs is not None and groups:
-        top = max(groups, key=lambda g: max(costs.get(b, 0.0) for b in g))
-        top.sort(key=lambda b: costs.get(b, 0.0))
-        groups.remove(top)
-        groups.append(top)
     return [b for g in groups for b in g]
 
 
-def _buffer_order(
-    nparts: int, buffer: int, rng: random.Random, costs: Costs | None = None
-) -> list[Bucket]:
+def _buffer_order(nparts: int, buffer: int, rng: random.Random) -> list[Bucket]:
     """BETA (Marius, OSDI'21): with ``buffer`` partitions in memory, fix ``buffer - 1`` of them
     and cycle every partition that still has untrained buckets with them through the last
     slot; then fix the next ``buffer - 1`` (starting with those already resident) and repeat.
@@ -103,7 +87,7 @@ def _buffer_order(
             (min(part, r), max(part, r)) for r in resident if (min(part, r), max(part, r)) in todo
         )
         todo.difference_update(new)
-        order.extend(_emit(new, rng, costs))
+        order.extend(_emit(new, rng))
 
     def open_parts() -> list[int]:
         return [p for p in perm if any(p in pair for pair in todo)]
@@ -124,21 +108,121 @@ def _buffer_order(
     return order
 
 
+def _staggered_order(nparts: int, slots: int, rng: random.Random) -> list[Bucket]:
+    """The ``buffer`` order for ``slots`` >= 3 partitions in memory, planned so that each
+    swap's leaving partition is idle for most of the group of buckets before the swap.
+
+    ``slots - 2`` partitions are fixed; every partition with untrained buckets against them
+    passes through the two other slots in a chain: partition ``q[k]`` arrives while
+    ``q[k - 1]`` is still resident, and its group of buckets trains first the pair
+    ``(q[k - 1], q[k])`` (the leaving partition's last buckets), then ``q[k]`` against the fixed
+    ones, its own diagonal bucket last. ``q[k - 1]`` leaves at the next swap, so from the
+    group's third bucket on it is idle: its write-back and the read of ``q[k + 1]`` into its
+    slot overlap the rest of the group, and the order needs no slot beyond ``slots`` for
+    reading ahead. Each arrival trains up to ``slots - 1`` new partition pairs (``slots - 2``
+    fixed ones and its predecessor in the chain), as many as BETA's with a buffer of ``slots``
+    and one more than BETA's with the ``slots - 1`` it could plan for when a slot is kept for
+    reading ahead; the chains' pairs leave the last untrained pairs scattered, so a pass
+    loads a few more partitions than BETA's with ``slots`` (16 partitions, 4 slots: 47 against
+    46; BETA with 3: 58). Then the next ``slots - 2`` partitions with untrained buckets are
+    fixed (those resident first) and the chain starts again.
+
+    Every bucket after the first shares a partition with a bucket trained before it (a
+    partition's random start is first trained next to an already trained one).
+    """
+    c = max(3, min(slots, nparts))
+    perm = list(range(nparts))
+    rng.shuffle(perm)
+    todo = {(a, b) for a in range(nparts) for b in range(a, nparts)}
+    order: list[Bucket] = []
+    resident: list[int] = []  # in order of arrival
+    group: list[tuple[int, int]] = []  # the pairs the last arrival brought, not yet emitted
+
+    def pair(a: int, b: int) -> tuple[int, int]:
+        return (a, b) if a <= b else (b, a)
+
+    def done(part: int) -> bool:
+        return not any(part in p for p in todo)
+
+    def emit(leaving: int | None) -> None:
+        """The pending group: the leaving partition's pairs first, then those of the other
+        partitions it finishes (the store may evict one of them instead: it breaks ties
+        between partitions never needed again by its own rule), the diagonal last."""
+        first = [p for p in group if leaving in p]
+        then = [p for p in group if p not in first and p[0] != p[1] and done(p[0]) | done(p[1])]
+        rest = [p for p in group if p not in first + then and p[0] != p[1]]
+        for part in (first, then, rest):
+            rng.shuffle(part)
+        for a, b in first + then + rest + [p for p in group if p[0] == p[1]]:
+            buckets: list[Bucket] = [(a, b)] if a == b else [(a, b), (b, a)]
+            rng.shuffle(buckets)
+            order.extend(buckets)
+        group.clear()
+
+    def load(part: int, keep: set[int]) -> None:
+        if part in resident:
+            return
+        leaving = None
+        if len(resident) >= c:
+            # a partition with nothing left to train (fixed or not) first, as the store's
+            # eviction of the partition needed furthest ahead will; else the oldest not kept
+            idle = [r for r in resident if done(r)]
+            leaving = (idle or [r for r in resident if r not in keep])[0]
+            resident.remove(leaving)
+        emit(leaving)
+        resident.append(part)
+        new = [pair(part, r) for r in resident if pair(part, r) in todo]
+        todo.difference_update(new)
+        group.extend(new)
+
+    def open_parts() -> list[int]:
+        return [p for p in perm if any(p in q for q in todo)]
+
+    while todo:
+        left = open_parts()
+        if len(left) <= c:
+            for p in sorted(left, key=lambda q: q not in resident):
+                load(p, set(left))
+            continue
+        fixed = [p for p in resident if p in left][: c - 2]
+        fixed += [p for p in left if p not in fixed][: c - 2 - len(fixed)]
+        for p in fixed:
+            load(p, set(fixed))
+        # the chain: each next partition shares an untrained pair with the previous if it can
+        chain = [r for r in resident if r not in fixed and r in left][-1:]
+        waiting = [p for p in left if p not in fixed and p not in chain]
+        while waiting:
+            last = chain[-1] if chain else None
+            nxt = next((p for p in waiting if last is not None and pair(p, last) in todo), None)
+            if nxt is None:
+                nxt = waiting[0]
+            waiting.remove(nxt)
+            if not any(pair(nxt, f) in todo for f in fixed):
+                continue
+            load(nxt, set(fixed) | ({last} if last is not None else set()))
+            chain.append(nxt)
+    emit(None)
+    return order
+
+
 def bucket_order(
     name: str,
     nparts_lhs: int,
     nparts_rhs: int,
     rng: random.Random,
     buffer: int = 2,
-    costs: Costs | None = None,
+    read_ahead: bool = False,
 ) -> list[Bucket]:
     """Every bucket exactly once, in the order ``name`` (random/affinity/inside_out/outside_in,
-    or ``buffer``: the fewest swaps for ``buffer`` partitions held per side). ``costs`` (the
-    cost model's, ``load_balancing: cost``): with ``buffer``, among the buckets a swap brings,
-    the costliest is trained last, while the next swap's partition is read ahead."""
+    or ``buffer``: few swaps for ``buffer`` partitions held per side). With ``read_ahead`` (the
+    store reads partitions ahead and writes them back in the background) ``buffer`` is the
+    staggered order, whose swaps leave room for that I/O within the buffer; without, BETA, with
+    slightly fewer swaps but each leaving partition in use up to its swap."""
     if name == "buffer":
         if nparts_lhs == nparts_rhs:
-            return _buffer_order(nparts_lhs, buffer, rng, costs)
+            if read_ahead and buffer >= 3:
+                return _staggered_order(nparts_lhs, buffer, rng)
+            return _buffer_order(nparts_lhs, buffer, rng)
         name = "inside_out"  # lhs and rhs of different sizes: no shared buffer to plan for
     if name == "random":
         order = [(i, j) for i in range(nparts_lhs) for j in range(nparts_rhs)]

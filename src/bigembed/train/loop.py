@@ -28,7 +28,6 @@ from typing import Protocol
 
 import torch
 
-from bigembed.buckets.cost import CostModel, bucket_costs
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
@@ -93,29 +92,24 @@ class BucketSource(Protocol):
 
 class LocalBucketSource:
     """The configured ``bucket_order``, drawn anew each step from the seed. ``buffer``: the
-    partitions per side the ``buffer`` order plans for; ``costs``: each step's bucket costs
-    (``load_balancing: cost``; see :func:`bigembed.train.bucket_order.bucket_order`). Its
-    buckets are known in advance, so the loop plans the partition store's evictions and
-    read-ahead with them."""
+    partitions per side the ``buffer`` order plans for; ``read_ahead``: the partition store
+    reads ahead in the background (``partition_prefetch``), so ``buffer`` is the staggered
+    order (see :func:`bigembed.train.bucket_order.bucket_order`). Its buckets are known in
+    advance, so the loop plans the partition store's evictions and read-ahead with them."""
 
     known_in_advance = True
 
-    def __init__(
-        self,
-        order: str,
-        seed: int,
-        buffer: int = 2,
-        costs: Callable[[Iteration], dict[Bucket, float]] | None = None,
-    ) -> None:
+    def __init__(self, order: str, seed: int, buffer: int = 2, read_ahead: bool = False) -> None:
         self.order = order
         self.seed = seed
         self.buffer = buffer
-        self.costs = costs
+        self.read_ahead = read_ahead
 
     def buckets(self, it: Iteration, nparts_lhs: int, nparts_rhs: int) -> Iterator[Bucket]:
         rng = random.Random(mix_seed(self.seed, 1, it.index))
-        costs = self.costs(it) if self.costs is not None and self.order == "buffer" else None
-        yield from bucket_order(self.order, nparts_lhs, nparts_rhs, rng, self.buffer, costs)
+        yield from bucket_order(
+            self.order, nparts_lhs, nparts_rhs, rng, self.buffer, self.read_ahead
+        )
 
 
 @dataclass
@@ -389,7 +383,10 @@ class Trainer:
         self.checkpoint = CheckpointStore(cfg.checkpoint_path)
         self.memory = self._memory_plan()
         self.bucket_source = bucket_source or LocalBucketSource(
-            cfg.bucket_order, cfg.seed, buffer=self._order_buffer(), costs=self._costs()
+            cfg.bucket_order,
+            cfg.seed,
+            buffer=self._order_buffer(),
+            read_ahead=cfg.partition_prefetch,
         )
         self.partitions_type = partitions_type
         self.state = ModelState.build(self.job)
@@ -458,27 +455,13 @@ class Trainer:
         logger.info("%s", plan.describe())
         return plan
 
-    def _costs(self) -> Callable[[Iteration], dict[Bucket, float]] | None:
-        """Each step's bucket costs by the analytic cost model (``load_balancing: cost``)."""
-        cfg, job = self.cfg, self.job
-        if cfg.load_balancing != "cost":
-            return None
-        counts = job.partition_counts()
-        model = CostModel.analytic(cfg, all_negs_rows=max(counts.values(), default=1))
-
-        def costs(it: Iteration) -> dict[Bucket, float]:
-            store = job.edge_stores[it.edge_path_idx]
-            return bucket_costs(cfg, store, it.chunk, job.num_chunks, model, it.edge_path_idx)
-
-        return costs
-
     def _order_buffer(self) -> int:
-        """Partitions per side the bucket order plans for: the capacity, less one slot kept
-        for reading the next bucket's partition ahead (when read-ahead is on)."""
+        """Partition indices per side the bucket order plans for: as many as the capacity
+        holds, in the unit a swap moves (one table per partitioned entity type). With
+        read-ahead, the staggered ``buffer`` order reads the next partition into the slot the
+        leaving one frees, so no slot is kept for it."""
         types = {t for t in self.cfg.entities if self.cfg.entities[t].num_partitions > 1}
-        per_index = max(len(types), 1)
-        slots = self.memory.capacity - (1 if self.cfg.partition_prefetch else 0)
-        return max(2, slots // per_index)
+        return max(2, self.memory.capacity // max(len(types), 1))
 
     def open_partitions(
         self, committed: int, init_source: PartitionSource | None, shared: bool

@@ -340,19 +340,25 @@ class PartitionStore:
         self._future = [frozenset(k for k in keys if k not in self.pinned) for keys in future]
         self._cursor = 0
 
-    def _next_use(self, key: PartitionKey) -> float:
-        for i in range(self._cursor, len(self._future)):
+    def _next_use(self, key: PartitionKey, start: int | None = None) -> float:
+        for i in range(self._cursor if start is None else start, len(self._future)):
             if key in self._future[i]:
                 return i
         return float("inf")
 
-    def _victim(self, protect: set[PartitionKey]) -> PartitionKey | None:
-        """The resident partition to evict: needed furthest ahead, else least recently used."""
-        candidates = [k for k in self.loaded if k not in protect and k not in self.pinned]
+    def _victim(
+        self, protect: set[PartitionKey], at: int | None = None, reading: bool = False
+    ) -> PartitionKey | None:
+        """The resident partition to evict: needed furthest ahead (from the planned bucket
+        ``at``, by default the next one), else least recently used (``reading``: the
+        partitions being read ahead count as resident)."""
+        held = [*self.loaded, *self._reading] if reading else list(self.loaded)
+        candidates = [k for k in held if k not in protect and k not in self.pinned]
         if not candidates:
             return None
         return max(
-            sorted(candidates), key=lambda k: (self._next_use(k), -self._last_use.get(k, -1))
+            sorted(candidates),
+            key=lambda k: (self._next_use(k, at), -self._last_use.get(k, -1)),
         )
 
     def _make_room(self, protect: set[PartitionKey]) -> bool:
@@ -360,6 +366,11 @@ class PartitionStore:
         which the new one will wait for); False if only protected partitions are left."""
         while self._alive() - len(self._writing) + 1 > self._room():
             victim = self._victim(protect)
+            if victim is None and self._reading:  # read ahead for later buckets: evictable now
+                for key, job in sorted(self._reading.items()):
+                    self.loaded[key] = self._wait(job, take=True)
+                self._reading.clear()
+                continue
             if victim is None:
                 return False
             self._write_back(victim)
@@ -432,16 +443,19 @@ class PartitionStore:
 
         Without a capacity every other partition is swapped out first. With one, others stay
         until their room is needed; if :meth:`plan` gave the future, this call takes the next
-        planned bucket and then starts reading the one after it in the background.
+        planned bucket and then starts reading the ones after it in the background
+        (:meth:`_prefetch`).
         """
         started = time.perf_counter()
         want = set(needed) | self.pinned
         if self.capacity is None and not self.managed:
             self.evict(want)
-        for key, job in sorted(self._reading.items()):
-            # read ahead for this bucket (or stale: evictable)
-            self.loaded[key] = self._wait(job, take=True)
-        self._reading.clear()
+        for key in sorted(want & set(self._reading)):  # read ahead for this bucket
+            self.loaded[key] = self._wait(self._reading.pop(key), take=True)
+        if self.capacity is None:  # read ahead for a bucket that did not come: evictable
+            for key, job in sorted(self._reading.items()):
+                self.loaded[key] = self._wait(job, take=True)
+            self._reading.clear()
         for key in sorted(want - set(self.loaded)):
             room = self.capacity is None or key in self.pinned or self._make_room(want)
             if not room:
@@ -465,22 +479,40 @@ class PartitionStore:
         return {k: self.loaded[k] for k in want}
 
     def _prefetch(self, current: set[PartitionKey]) -> None:
-        """Start reading the next planned bucket's partitions, as far as the capacity allows
-        without touching the current bucket's."""
+        """Start reading the partitions of the planned buckets to come, in their order, as
+        far as the capacity allows without changing which partitions are swapped: a
+        partition is evicted early only if it is the one :meth:`ensure` would evict for that
+        bucket and no bucket before it needs it (so its write-back and the read overlap the
+        buckets in between). Without a capacity, only the next bucket's are read."""
         if (
             (self.capacity is None and not self.managed)
             or not self._reader.background
             or self._cursor >= len(self._future)
         ):
             return
-        upcoming = self._future[self._cursor]
-        for key in sorted(upcoming - set(self.loaded) - set(self._reading)):
-            if self.capacity is not None and not self._make_room(current | upcoming):
-                return
-            after = self._read_after(key)
-            self._reading[key] = self._reader.submit(partial(self._load_logged, key), after)
-            self.reads_ahead += 1
-            self._note_peak()
+        if self.capacity is None:
+            upcoming = self._future[self._cursor]
+            for key in sorted(upcoming - set(self.loaded) - set(self._reading)):
+                self._read_ahead(key)
+            return
+        needed = set(current)  # used from now until the bucket being looked at
+        for at in range(self._cursor, len(self._future)):
+            bucket = self._future[at]
+            for key in sorted(bucket - set(self.loaded) - set(self._reading)):
+                while self._alive() - len(self._writing) + 1 > self._room():
+                    victim = self._victim(set(bucket), at, reading=True)
+                    if victim is None or victim in needed or victim in self._reading:
+                        return  # that eviction must wait until its partition is done
+                    self._write_back(victim)
+                self._read_ahead(key)
+            needed |= bucket
+
+    def _read_ahead(self, key: PartitionKey) -> None:
+        self._reading[key] = self._reader.submit(
+            partial(self._load_logged, key), self._read_after(key)
+        )
+        self.reads_ahead += 1
+        self._note_peak()
 
     def flush(self) -> None:
         """Write every resident partition as the working version and carry the others over."""
