@@ -335,10 +335,13 @@ def _early_evictions(order: list[tuple[int, int]], capacity: int) -> tuple[int, 
 def _assert_leaving_first(
     group: list[tuple[int, int]], leaving: int, after: list[tuple[int, int]]
 ) -> None:
-    """In the group of buckets before a swap, the leaving partition's buckets come first. If
-    the group finishes several partitions (none used ``after``), the store may evict any of
-    them (a tie it breaks by its own rule): then the buckets using one of those come first,
-    the leaving partition's among them."""
+    """In the group of buckets before a swap, the leaving partition's buckets come first,
+    after the group's opening bucket (and its transpose: the load that opens the group is for
+    it). If the group finishes several partitions (none used ``after``), the store may evict
+    any of them (a tie it breaks by its own rule): then the buckets using one of those come
+    first, the leaving partition's among them."""
+    opening = 2 if len(group) > 1 and group[1] == group[0][::-1] != group[0] else 1
+    group = group[opening:]
     uses = [k for k, b in enumerate(group) if leaving in b]
     finished = {q for b in group for q in b if not any(q in x for x in after)}
     if leaving in finished:
