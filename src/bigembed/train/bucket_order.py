@@ -285,43 +285,49 @@ def _with_slack(order: list[Bucket], slots: int) -> list[Bucket]:
     already resident, so the loads per pass do not change (tested)."""
     segs, held, leaving = _segments(order, slots)
     last = len(segs) - 1
+    where: dict[Unit, int] = {}
+    by_parts: dict[frozenset[int], list[Unit]] = {}
+    for s, seg in enumerate(segs):
+        for unit in seg[1:]:
+            where[unit] = s
+            by_parts.setdefault(frozenset(_parts(unit)), []).append(unit)
 
-    def slack(t: int) -> int:
-        return sum(len(u) for u in segs[t] if not _parts(u) & leaving[t])
+    def slack(s: int) -> int:
+        return sum(len(u) for u in segs[s] if not _parts(u) & leaving[s])
 
     for want in (1, 2, 3, 4):
         for t in range(last):
             need = want - slack(t)
             if need <= 0:
                 continue
-            free = [slack(s) for s in range(len(segs))]
-            donors = sorted(
-                (0 if s == last or _parts(u) & leaving[s] else 1, -free[s], abs(s - t), s, k)
-                for s in range(len(segs))
-                if s != t
-                for k, u in enumerate(segs[s][1:], 1)
-                if _parts(u) <= held[t] and not _parts(u) & leaving[t]
-            )
-            taken: dict[int, list[int]] = {}
-            for costly, _, _, s, k in donors:
-                size = len(segs[s][k])
+            idle = sorted(held[t] - leaving[t])
+            sets = [frozenset((a, b)) for k, a in enumerate(idle) for b in idle[k:]]
+            free: dict[int, int] = {}
+            donors = []
+            for unit in (u for ps in sets for u in by_parts.get(ps, ()) if where[u] != t):
+                s = where[unit]
+                free.setdefault(s, slack(s))
+                costly = 0 if s == last or _parts(unit) & leaving[s] else 1
+                donors.append((costly, -free[s], abs(s - t), s, unit))
+            for costly, _, _, s, unit in sorted(donors):
                 if need <= 0:
                     break
-                if costly and free[s] - size < want:
+                if costly and free[s] - len(unit) < want:
                     continue
-                free[s] -= size * costly
-                taken.setdefault(s, []).append(k)
-                need -= size
-            for s, ks in taken.items():
-                for k in sorted(ks, reverse=True):
-                    segs[t].append(segs[s].pop(k))
+                free[s] -= len(unit) * costly
+                segs[s].remove(unit)
+                segs[t].append(unit)
+                where[unit] = t
+                need -= len(unit)
+    last_seg = {p: s for s, seg in enumerate(segs) for u in seg for p in _parts(u)}
     out: list[Bucket] = []
     for t, seg in enumerate(segs):
-        later = {p for s in segs[t + 1 :] for u in s for p in _parts(u)}
-        rest = sorted(
-            seg[1:], key=lambda u: (not _parts(u) & leaving[t], not _parts(u) - later)
-        )
-        out.extend(b for u in [seg[0], *rest] for b in u)
+
+        def rank(u: Unit, t: int = t) -> tuple[bool, bool]:
+            parts = _parts(u)
+            return not parts & leaving[t], any(last_seg[p] > t for p in parts)
+
+        out.extend(b for u in [seg[0], *sorted(seg[1:], key=rank)] for b in u)
     return out
 
 
