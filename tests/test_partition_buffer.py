@@ -8,7 +8,8 @@ the background, in a buffer-aware bucket order.
 * The ``buffer`` order trains every bucket once, and the partitions a pass loads fall with the
   buffer as BETA claims (about ``p^2 / (2 (c - 1))``). With read-ahead it is staggered: the
   partition leaving at each swap is trained first in the group before it, and the store
-  writes it back and reads the next one while the rest of the group trains.
+  writes it back and reads the next one while the rest of the group trains; buckets moved
+  between its swap segments leave nearly every swap some buckets of slack, at the same loads.
 * ``memory_budget`` decides the capacity, names itself when it is too small, and parses units.
 """
 
