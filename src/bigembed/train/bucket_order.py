@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 
 from bigembed.partition_keys import Bucket
@@ -202,7 +203,132 @@ def _staggered_order(nparts: int, slots: int, rng: random.Random) -> list[Bucket
             load(nxt, set(fixed) | ({last} if last is not None else set()))
             chain.append(nxt)
     emit(None)
-    return order
+    return _with_slack(order, c)
+
+
+Unit = tuple[Bucket, ...]  # a bucket and its transpose (or a diagonal bucket alone)
+
+
+def _units(order: list[Bucket]) -> list[Unit]:
+    units: list[Unit] = []
+    k = 0
+    while k < len(order):
+        (a, b), k2 = order[k], k + 1
+        if a != b and k2 < len(order) and order[k2] == (b, a):
+            units.append((order[k], order[k2]))
+            k += 2
+        else:
+            units.append((order[k],))
+            k += 1
+    return units
+
+
+def _parts(unit: Unit) -> set[int]:
+    return {p for b in unit for p in b}
+
+
+def _segments(
+    order: list[Bucket], slots: int
+) -> tuple[list[list[Unit]], list[set[int]], list[set[int]]]:
+    """The order cut at each partition load, as the partition store swaps it (the partition
+    needed furthest ahead leaves, ties to the lowest index): the units of each segment, the
+    partitions resident during it, and those evicted at its end (to load the next one's)."""
+    uses: dict[int, list[int]] = {}
+    for i, bucket in enumerate(order):
+        for p in set(bucket):
+            uses.setdefault(p, []).append(i)
+
+    def next_use(p: int, i: int) -> int:
+        k = bisect.bisect_left(uses[p], i)
+        return uses[p][k] if k < len(uses[p]) else len(order)
+
+    resident: set[int] = set()
+    segs: list[list[Unit]] = []
+    held: list[set[int]] = []
+    leaving: list[set[int]] = []
+    i = 0
+    for unit in _units(order):
+        need = _parts(unit)
+        new = sorted(need - resident)
+        out: set[int] = set()
+        for p in new:
+            if len(resident) >= slots:
+                victim = max(sorted(resident - need), key=lambda q: next_use(q, i))
+                resident.remove(victim)
+                out.add(victim)
+            resident.add(p)
+        if new or not segs:
+            if segs:
+                leaving.append(out)
+            segs.append([])
+            held.append(set())
+        segs[-1].append(unit)
+        held[-1] = set(resident)
+        i += len(unit)
+    leaving.append(set())
+    return segs, held, leaving
+
+
+def _with_slack(order: list[Bucket], slots: int) -> list[Bucket]:
+    """The same swaps, with buckets moved between the segments (the runs of buckets between
+    two loads) so that before each swap several buckets use none of the leaving partitions:
+    the window in which the store writes the leaving partition back and reads the next one.
+
+    A segment's first unit (the one its load is for) stays; any other unit may move to a
+    segment during which both its partitions are resident and that does not end by evicting
+    one of them (there, it is slack). It is taken first from where it is no slack itself (it
+    used the partition leaving there), else from a segment with slack to spare. Segments are
+    raised to 1, 2, 3, then 4 buckets of slack, so the swaps with none gain first. Inside a
+    segment, the units using its leaving partitions come right after the first, then those
+    using a partition no later bucket needs (the store may evict one of those instead: a tie
+    it breaks by its own rule), then the rest. Every unit moves to where its partitions are
+    already resident, so the loads per pass do not change (tested)."""
+    segs, held, leaving = _segments(order, slots)
+    last = len(segs) - 1
+    where: dict[Unit, int] = {}
+    by_parts: dict[frozenset[int], list[Unit]] = {}
+    for s, seg in enumerate(segs):
+        for unit in seg[1:]:
+            where[unit] = s
+            by_parts.setdefault(frozenset(_parts(unit)), []).append(unit)
+
+    def slack(s: int) -> int:
+        return sum(len(u) for u in segs[s] if not _parts(u) & leaving[s])
+
+    for want in (1, 2, 3, 4):
+        for t in range(last):
+            need = want - slack(t)
+            if need <= 0:
+                continue
+            idle = sorted(held[t] - leaving[t])
+            sets = [frozenset((a, b)) for k, a in enumerate(idle) for b in idle[k:]]
+            free: dict[int, int] = {}
+            donors = []
+            for unit in (u for ps in sets for u in by_parts.get(ps, ()) if where[u] != t):
+                s = where[unit]
+                free.setdefault(s, slack(s))
+                costly = 0 if s == last or _parts(unit) & leaving[s] else 1
+                donors.append((costly, -free[s], abs(s - t), s, unit))
+            for costly, _, _, s, unit in sorted(donors):
+                if need <= 0:
+                    break
+                if costly and free[s] - len(unit) < want:
+                    continue
+                free[s] -= len(unit) * costly
+                segs[s].remove(unit)
+                segs[t].append(unit)
+                where[unit] = t
+                need -= len(unit)
+    last_seg = {p: s for s, seg in enumerate(segs) for u in seg for p in _parts(u)}
+    out: list[Bucket] = []
+    for t, seg in enumerate(segs):
+
+        def rank(u: Unit, t: int = t) -> tuple[bool, bool]:
+            parts = _parts(u)
+            return not parts & leaving[t], any(last_seg[p] > t for p in parts)
+
+        out.extend(b for u in [seg[0], *sorted(seg[1:], key=rank)] for b in u)
+    return out
 
 
 def bucket_order(
