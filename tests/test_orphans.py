@@ -94,8 +94,9 @@ def _kill_and_check(proc: subprocess.Popen, mark: str) -> None:
     assert not left, f"still alive {GRACE_SECONDS}s after the trainer was killed: {left}"
 
 
-def _workers_spawned(mark: str) -> bool:
-    return any("spawn_main" in cmd for cmd in _marked(mark).values())
+def _workers_starting(mark: str) -> bool:
+    """The workers' forkserver (or a spawned worker) exists: it may still be importing."""
+    return any("forkserver" in cmd or "spawn_main" in cmd for cmd in _marked(mark).values())
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.2, 0.6])
@@ -104,7 +105,7 @@ def test_kill_during_worker_startup_leaves_no_process(config_file: Path, delay: 
     mark = uuid.uuid4().hex
     proc = _start(config_file, mark)
     try:
-        _wait_for(lambda: _workers_spawned(mark), 60, "the Hogwild workers to be spawned")
+        _wait_for(lambda: _workers_starting(mark), 60, "the Hogwild workers to be spawned")
         time.sleep(delay)
     except BaseException:
         proc.kill()

@@ -10,14 +10,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,6 +27,7 @@ from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Iteration, Trainer, _mix
 from bigembed.train.partitions import PartitionKey, PartitionStore
 from synthetic import budget_for, graph_config, write_graph
+from tree_memory import TreeMemory
 
 NPARTS = 4
 
@@ -111,82 +109,6 @@ def test_buckets_run_in_the_configured_order(tmp_path: Path, order: str) -> None
 
 
 # ---------------------------------------------------------------------- real memory
-def _tree(root: int) -> list[int]:
-    """``root`` and all its descendants (from /proc/*/stat)."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    out, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, pp in parent.items() if pp in frontier]
-        out += frontier
-    return out
-
-
-def _shm_pages(pid: int) -> dict[tuple[str, str], int]:
-    """Resident bytes of each shared-memory file a process maps, by (device, inode)."""
-    out: dict[tuple[str, str], int] = {}
-    key = None
-    with contextlib.suppress(OSError):
-        for line in (Path(f"/proc/{pid}") / "smaps").read_text().splitlines():
-            head = line.split(maxsplit=5)
-            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's first line
-                path = head[5] if len(head) == 6 else ""
-                shm = path.startswith(("/dev/shm/", "/memfd:"))
-                key = (head[3], head[4]) if shm else None
-            elif key is not None and line.startswith("Rss:"):
-                out[key] = out.get(key, 0) + int(line.split()[1]) * 1024
-    return out
-
-
-def _anon(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in (Path(f"/proc/{pid}") / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss_Anon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class TreeMemory:
-    """Samples a process tree every few milliseconds. Keeps the peak of its shared memory: the
-    resident pages of every shared-memory file any process of the tree maps, each file counted
-    once (its largest resident size among the processes mapping it) -- the Hogwild tables live
-    there -- and the peak of the root's private memory (Pss_Anon)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak_shmem = 0
-        self.peak_anon = 0
-        self.pids: set[int] = set()
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pids = _tree(self.pid)
-            self.pids.update(pids)
-            files: dict[tuple[str, str], int] = {}
-            for pid in pids:
-                for key, size in _shm_pages(pid).items():
-                    files[key] = max(files.get(key, 0), size)
-            self.peak_shmem = max(self.peak_shmem, sum(files.values()))
-            self.peak_anon = max(self.peak_anon, _anon(self.pid))
-            self.samples += 1
-            time.sleep(0.005)
-
-    def __enter__(self) -> TreeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
     """4 partitions of 30 MB (embeddings + Adagrad state) and 2 Hogwild workers: the tables live
     in shared memory, and the process tree's peak of it stays near 2 partitions (a bucket's
@@ -223,11 +145,7 @@ def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
         r for r in CheckpointStore(cfg.checkpoint_path).read_stats() if r["type"] == "bucket"
     ]
     assert len(records) == 16
-    mib = {
-        "shmem": mem.peak_shmem / 2**20,
-        "anon": mem.peak_anon / 2**20,
-        "partition": part / 2**20,
-    }
+    mib = mem.summary(part)
     assert mem.peak_shmem >= 1.9 * part, f"the measure must see the resident tables: {mib}"
     assert mem.peak_shmem <= 2.5 * part, f"more than a bucket's 2 partitions in memory: {mib}"
     # the root's private memory: the interpreter and torch (~150-250 MB) plus transient

@@ -15,7 +15,6 @@ the background, in a buffer-aware bucket order.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -42,7 +41,7 @@ from bigembed.train.memory_budget import plan_memory
 from bigembed.train.partitions import PartitionStore, init_embeddings
 from bigembed.train.step import Table
 from synthetic import budget_for, graph_config, write_graph
-from test_out_of_core import TreeMemory, _tree
+from tree_memory import TreeMemory
 
 NPARTS = 6
 
@@ -516,14 +515,6 @@ def test_bad_memory_budget_names_the_key(value: object) -> None:
         parse_config_dict({**base, "memory_budget": value})
 
 
-def _pss(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
     """6 partitions of 24 MB, 2 Hogwild workers, a budget that holds 4 of them: the tree's
     shared tables peak at 3-4 partitions (the buffer is used, read-ahead included, and never
@@ -552,18 +543,14 @@ def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
         text=True,
         env=env,
     )
-    peak_pss = 0
     with TreeMemory(proc.pid) as mem:
-        while proc.poll() is None:
-            peak_pss = max(peak_pss, sum(_pss(p) for p in _tree(proc.pid)))
-            time.sleep(0.01)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert "4 partitions" in err, err
-    mib = {"shmem": mem.peak_shmem / 2**20, "pss": peak_pss / 2**20, "part": part / 2**20}
+    mib = mem.summary(part)
     assert mem.peak_shmem >= 2.9 * part, f"the buffer holds more than one bucket: {mib}"
     assert mem.peak_shmem <= 4.3 * part, f"more partitions alive than the budget holds: {mib}"
-    assert peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
+    assert mem.peak_pss <= budget, f"the process tree used more than memory_budget: {mib}"
 
 
 class _HangingRemote:

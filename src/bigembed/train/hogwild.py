@@ -1,10 +1,10 @@
 """Hogwild training of one bucket: worker processes update shared embeddings without locks.
 
-A pool of ``workers`` processes (spawned once, one torch thread each) receives, per bucket, the
-shared-memory tables and the shuffled edges (each object sent once and then named by a token,
-see :mod:`bigembed.train.worker_cache`; the edges in reused buffers,
-:mod:`bigembed.train.edge_buffers`), trains its part of them, and reports stats. How the edges
-are split (config ``load_balancing``):
+A pool of ``workers`` processes (forked once per pool from a preloaded forkserver, one torch
+thread each) receives, per bucket, the shared-memory tables and the shuffled edges (each object
+sent once and then named by a token, see :mod:`bigembed.train.worker_cache`; the edges in
+reused buffers, :mod:`bigembed.train.edge_buffers`), trains its part of them, and reports
+stats. How the edges are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
   (:func:`~bigembed.buckets.batching.batch_plan`, PBG's batching rule over the whole bucket) and
@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -56,7 +57,7 @@ from bigembed.train.malloc_tuning import keep_freed_memory
 from bigembed.train.native_eval import NativeEval
 from bigembed.train.step import BatchTrainer, StepStats, Table
 from bigembed.train.worker_cache import Drop, Handle, SentObjects, WorkerCache
-from bigembed.train.worker_guard import worker_entry
+from bigembed.train.worker_guard import adopt_environment, worker_context, worker_entry
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +261,8 @@ def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
 def worker_main(
     rank: int, tasks: mp.Queue, results: mp.Queue, batches: BatchQueue | None = None
 ) -> None:
-    """The worker loop; its first message is ``(setup, board)``, then tasks until ``None``.
+    """The worker loop; its first message is ``(setup, board, environment)``, then tasks until
+    ``None``.
 
     Tasks come as :class:`BucketMessage` / :class:`EvalMessage` whose tables and edges are
     kept in a :class:`WorkerCache` until a :class:`Drop` names them (acknowledged in the
@@ -269,7 +271,8 @@ def worker_main(
     Runs after :func:`bigembed.train.worker_guard.worker_entry` has tied the process's life to
     the trainer's.
     """
-    setup, board = tasks.get()
+    setup, board, environ = tasks.get()
+    adopt_environment(environ)
     torch.set_num_threads(1)
     keep_freed_memory()
     trainer = _make_trainer(setup)
@@ -333,7 +336,7 @@ class HogwildPool:
         self._drop_lock = threading.Lock()
         self._drop_seq = 0
         if workers > 1:
-            ctx = mp.get_context("spawn")
+            ctx = worker_context()
             self.board.share_memory_()
             self._batches = BatchQueue(ctx) if steal else None
             self._tasks = [ctx.Queue() for _ in range(workers)]
@@ -349,7 +352,7 @@ class HogwildPool:
                 )
                 p.start()
                 self._procs.append(p)
-                self._tasks[rank].put((setup, self.board))
+                self._tasks[rank].put((setup, self.board, dict(os.environ)))
         else:
             keep_freed_memory()
             self._trainer = _make_trainer(setup)
@@ -559,6 +562,7 @@ class HogwildPool:
             if not p.is_alive():
                 continue
             if abandon:
+                _expect_broken_handshakes()
                 p.kill()
             else:
                 with contextlib.suppress(OSError, ValueError):
@@ -570,6 +574,42 @@ class HogwildPool:
                 p.kill()
                 p.join(timeout=5)
         self._procs = []
+
+
+#: When a pool last killed its workers (monotonic seconds; see _expect_broken_handshakes).
+_last_abandon = -float("inf")
+_previous_excepthook: Callable[..., Any] | None = None
+
+
+def _expect_broken_handshakes() -> None:
+    """Silence the tracebacks of killing workers mid-handshake, for a few seconds.
+
+    A worker receives each shared tensor through a handshake with multiprocessing's resource
+    sharer, a thread of this process that reports a connection broken by the peer with a full
+    traceback (``sys.excepthook``). Workers killed while receiving (an abandoned pool: an
+    error or an interruption right after they started) would print one such traceback after
+    the run's one-line error; this hook drops those, and only those, for the next 10 s."""
+    global _last_abandon, _previous_excepthook
+    _last_abandon = time.monotonic()
+    if _previous_excepthook is None:
+        _previous_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
+
+
+def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    from_sharer = any(
+        frame.f_code.co_filename.endswith("resource_sharer.py")
+        for frame, _ in traceback.walk_tb(tb)
+    )
+    if (
+        from_sharer
+        and issubclass(exc_type, (ConnectionError, EOFError))
+        and time.monotonic() - _last_abandon < 10
+    ):
+        logger.debug("a killed worker broke its resource handshake: %s", exc)
+        return
+    assert _previous_excepthook is not None
+    _previous_excepthook(exc_type, exc, tb)
 
 
 def _nothing() -> None:

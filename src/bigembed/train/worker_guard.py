@@ -1,23 +1,37 @@
-"""Worker processes that die with their parent, even when it dies while they start up.
+"""Worker processes: started cheaply, and dying with the trainer whatever happens.
 
-A spawned worker must not outlive a trainer killed with SIGKILL: each holds hundreds of MB and
-would run (or wait for tasks) forever. The guard therefore runs before anything heavy is
-imported or unpickled (this module uses the standard library only):
+**Start.** Workers are forked from a *forkserver* that imported the worker code once
+(:func:`worker_context`; ``bigembed.train.forkserver_preload``): a process importing torch
+costs ~3 s of CPU here, which ``spawn`` paid in every worker of every run, and a program that
+trains several times (the Python API, ``bigembed tune``, a test suite) pays it once. The
+forkserver is a fresh single-threaded process (no OpenMP pool to break by forking). Where
+there is no forkserver (Windows) workers are spawned. The environment a worker sees is the
+trainer's at the time the pool starts (:func:`adopt_environment`), as with ``spawn``.
 
-1. on Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills the worker when its parent
-   dies (strictly: when the parent *thread* that started it exits, so start workers from a
-   thread that lives as long as the pool, e.g. the main thread);
-2. then ``os.getppid()`` is compared with the pid the parent passed in: if the parent died
-   before step 1 took effect the worker has already been re-parented, and exits at once;
-3. a daemon thread polls the parent every second and ends the process when it is gone (the
-   fallback where there is no prctl).
+**Lifetime.** A worker must not outlive a trainer killed with SIGKILL: each holds hundreds of
+MB and would wait for tasks forever. The guard runs before anything heavy is unpickled (this
+module uses the standard library only):
+
+1. the trainer's pid is opened as a *pidfd* (Linux 5.3+): if the trainer is already gone the
+   worker exits at once, else a daemon thread sleeps in ``poll()`` on it and ends the process
+   the moment the trainer exits (a killed trainer is noticed within milliseconds, even though
+   a forked worker's parent is the forkserver, not the trainer);
+2. a spawned worker (parent = trainer) also asks the kernel for ``SIGKILL`` on its parent's
+   death (``prctl(PR_SET_PDEATHSIG)``);
+3. without pidfds, a daemon thread polls the trainer's pid every second.
+
+The forkserver itself exits when the trainer does (it reads EOF from the trainer), and ignores
+SIGINT and SIGTERM like the workers: the trainer stops the workers, and a forkserver killed by
+a signal sent to the whole process group would make every worker look dead to the trainer.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -25,35 +39,94 @@ import time
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 POLL_SECONDS = 1.0
+#: The module the forkserver imports before it forks any worker.
+PRELOAD = "bigembed.train.forkserver_preload"
 
 
-def _set_parent_death_signal() -> bool:
-    """Ask the kernel to SIGKILL this process when its parent dies; False where unsupported."""
+def worker_context() -> Any:
+    """The multiprocessing context workers start from: a forkserver preloaded with the worker
+    code where the platform has one, else spawn."""
+    import torch.multiprocessing as mp  # its context registers the shared-tensor reductions
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])  # read when the forkserver starts (once)
+    return ctx
+
+
+def adopt_environment(environ: dict[str, str]) -> None:
+    """Make this worker's environment the trainer's (a forkserver started earlier in the same
+    program holds the environment of that moment; settings read when used, such as
+    ``BIGEMBED_NATIVE``, must follow the trainer's current one)."""
+    if dict(os.environ) != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _prctl(option: int, arg: int | bytes) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        return libc.prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
 
-def _watch(parent_pid: int, interval: float) -> None:
+def _exit_when_readable(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while not poller.poll():
+        pass
+    os._exit(1)
+
+
+def _poll_pid(pid: int, interval: float) -> None:
     while True:
         time.sleep(interval)
-        if os.getppid() != parent_pid:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             os._exit(1)
+        except PermissionError:
+            pass  # alive (or reused by a process of another user: cannot tell)
 
 
 def guard_parent(parent_pid: int, interval: float = POLL_SECONDS) -> None:
-    """Make this process end when ``parent_pid`` (its parent) dies; exits now if it has."""
-    _set_parent_death_signal()
-    if os.getppid() != parent_pid:
-        os._exit(1)
-    threading.Thread(
-        target=_watch, args=(parent_pid, interval), name="parent-watchdog", daemon=True
-    ).start()
+    """Make this process end when the trainer ``parent_pid`` dies; exits now if it has."""
+    if os.getppid() == parent_pid:  # spawned (not forked by the forkserver)
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    pidfd: int | None = None
+    opener = getattr(os, "pidfd_open", None)
+    if opener is not None:
+        try:
+            pidfd = opener(parent_pid)
+        except ProcessLookupError:
+            os._exit(1)
+        except OSError:  # no pidfd support in this kernel
+            pidfd = None
+    if pidfd is not None:
+        if select.select([pidfd], [], [], 0)[0]:  # exited, not yet reaped
+            os._exit(1)
+        target: Any = _exit_when_readable
+        args: tuple = (pidfd,)
+    else:
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:
+            pass
+        target, args = _poll_pid, (parent_pid, interval)
+    threading.Thread(target=target, args=args, name="trainer-watchdog", daemon=True).start()
+
+
+def name_process(name: str) -> None:
+    """Set the name ``ps``/``top`` show (Linux; at most 15 bytes are kept)."""
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: Any) -> None:
@@ -65,6 +138,7 @@ def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: 
     work-stealing counter, a lock).
     """
     guard_parent(parent_pid)
+    name_process(f"bigembed-hw{rank}")
     # The parent handles Ctrl-C and SIGTERM (sent to the whole process group by a terminal,
     # `kill -- -PGID` or `systemctl stop`) and stops us; dying here first would turn a clean
     # interruption into a "worker died" error.
