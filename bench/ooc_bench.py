@@ -3,7 +3,8 @@
 Trains one config (e.g. the graph of ``bench/ooc_graph.py``) with ``bigembed train`` in a child
 process and reports: edges/s, partition bytes read and written, the fraction of step time the
 trainer waited on partition I/O, the peak memory of the whole process tree (RSS and PSS,
-sampled from /proc every 0.2 s), and the disk the run used.
+sampled from /proc every 0.2 s, each peak from a snapshot taken with the tree stopped:
+see ``bench/tree_memory.py``), and the disk the run used.
 
 With ``--limit`` the trainer runs inside a memory cgroup of that size: cgroup v1 (a child of
 this process's memory cgroup with ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes``
@@ -33,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from tree_memory import TreeMemory
+
 V1 = Path("/sys/fs/cgroup/memory")
 
 
@@ -43,33 +46,9 @@ def _units(text: str) -> int:
     return int(_to_bytes(text))
 
 
-def _tree(root: int) -> list[int]:
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    out, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, pp in parent.items() if pp in frontier]
-        out += frontier
-    return out
-
-
-def _rollup(pid: int) -> tuple[int, int]:
-    rss = pss = 0
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Rss:"):
-                rss = int(line.split()[1]) * 1024
-            elif line.startswith("Pss:"):
-                pss = int(line.split()[1]) * 1024
-    return rss, pss
-
-
 class TreeSampler:
-    """Peak of the summed RSS and PSS of a process tree (PSS counts shared tables once).
+    """Peak of the summed RSS and PSS of a process tree (PSS counts shared tables once), from
+    consistent snapshots (:class:`tree_memory.TreeMemory`).
 
     With a cgroup it also keeps the peak of the cgroup's anonymous memory plus shared memory
     (``rss + shmem`` of ``memory.stat``: what the kernel cannot reclaim without swap, each page
@@ -80,7 +59,8 @@ class TreeSampler:
     def __init__(self, pid: int, group: Cgroup | None = None) -> None:
         self.pid = pid
         self.group = group
-        self.peak_rss = self.peak_pss = self.peak_unreclaimable = 0
+        self.tree = TreeMemory(pid, interval=0.2).__enter__()
+        self.peak_unreclaimable = 0
         self.at_peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -88,11 +68,6 @@ class TreeSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss = pss = 0
-            for pid in _tree(self.pid):
-                r, p = _rollup(pid)
-                rss, pss = rss + r, pss + p
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             if self.group is not None:
                 with contextlib.suppress(OSError, ValueError):
                     stat = self.group.stat()
@@ -105,6 +80,7 @@ class TreeSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.tree.__exit__()
 
 
 class Cgroup:
@@ -203,8 +179,8 @@ def main() -> int:
         figures["cgroup_peak_rss_plus_shmem"] = sampler.peak_unreclaimable
         figures["cgroup_stat_at_that_peak"] = sampler.at_peak
         group.remove()
-    figures["peak_tree_rss"] = sampler.peak_rss
-    figures["peak_tree_pss"] = sampler.peak_pss
+    figures["peak_tree_rss"] = sampler.tree.peak_rss
+    figures["peak_tree_pss"] = sampler.tree.peak_pss
     if code == 0:
         steps = read_training_log(CheckpointStore(ckpt)).steps
         edges = sum(s.stats.count for s in steps)

@@ -22,11 +22,13 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.config import config_to_dict
+from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Iteration, Trainer, _mix
 from bigembed.train.partitions import PartitionKey, PartitionStore
 from synthetic import budget_for, graph_config, write_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from tree_memory import TreeMemory
 
 NPARTS = 4
@@ -109,6 +111,25 @@ def test_buckets_run_in_the_configured_order(tmp_path: Path, order: str) -> None
 
 
 # ---------------------------------------------------------------------- real memory
+def train_measured(cfg: ConfigSchema, tmp_path: Path) -> tuple[str, TreeMemory]:
+    """``bigembed train`` on ``cfg`` (one torch thread per process) with its process tree's
+    memory sampled throughout; its stderr and the sampler, once it succeeded."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config_to_dict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    with TreeMemory(proc.pid) as mem:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    return err, mem
+
+
 def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
     """4 partitions of 30 MB (embeddings + Adagrad state) and 2 Hogwild workers: the tables live
     in shared memory, and the process tree's peak of it stays near 2 partitions (a bucket's
@@ -127,19 +148,7 @@ def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
         batch_size=200,
         memory_budget=budget_for(2, part, workers=2, edges=8000),
     )
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config_to_dict(cfg)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    with TreeMemory(proc.pid) as mem:
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
+    _, mem = train_measured(cfg, tmp_path)
     assert len(mem.pids) >= 3, "the trainer and its 2 workers were seen"
     records = [
         r for r in CheckpointStore(cfg.checkpoint_path).read_stats() if r["type"] == "bucket"

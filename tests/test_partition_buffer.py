@@ -15,10 +15,7 @@ the background, in a buffer-aware bucket order.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +28,7 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.config import config_to_dict, parse_config_dict
+from bigembed.config import parse_config_dict
 from bigembed.errors import BigembedError
 from bigembed.partition_keys import PartitionKey
 from bigembed.train import partition_io
@@ -41,7 +38,7 @@ from bigembed.train.memory_budget import plan_memory
 from bigembed.train.partitions import PartitionStore, init_embeddings
 from bigembed.train.step import Table
 from synthetic import budget_for, graph_config, write_graph
-from tree_memory import TreeMemory
+from test_out_of_core import train_measured
 
 NPARTS = 6
 
@@ -533,19 +530,7 @@ def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
         bucket_order="buffer",
         memory_budget=budget,
     )
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config_to_dict(cfg)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    with TreeMemory(proc.pid) as mem:
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
+    err, mem = train_measured(cfg, tmp_path)
     assert "4 partitions" in err, err
     mib = mem.summary(part)
     assert mem.peak_shmem >= 2.9 * part, f"the buffer holds more than one bucket: {mib}"

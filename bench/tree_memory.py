@@ -54,12 +54,16 @@ def shm_pages(pid: int) -> dict[tuple[str, str], int]:
     return out
 
 
-def _rollup(pid: int, field: str) -> int:
+def rollup(pid: int) -> dict[str, int]:
+    """A process's memory totals in bytes (``Rss``, ``Pss``, ``Pss_Anon``, ...)."""
+    out: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for line in (Path(f"/proc/{pid}") / "smaps_rollup").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    return 0
+            field, _, rest = line.partition(":")
+            words = rest.split()
+            if len(words) == 2 and words[1] == "kB":
+                out[field] = int(words[0]) * 1024
+    return out
 
 
 def _stopped(pid: int) -> bool:
@@ -107,27 +111,33 @@ def frozen(root: int, limit: float = 2.0) -> Iterator[list[int] | None]:
 class Snapshot:
     shmem: int  # resident bytes of every shared-memory file, each counted once
     pss: int  # proportional set size summed over the tree
+    rss: int  # resident set size summed over the tree (shared pages counted in each process)
 
     @staticmethod
     def of(pids: list[int]) -> Snapshot:
         files: dict[tuple[str, str], int] = {}
+        pss = rss = 0
         for pid in pids:
             for key, size in shm_pages(pid).items():
                 files[key] = max(files.get(key, 0), size)
-        return Snapshot(sum(files.values()), sum(_rollup(pid, "Pss:") for pid in pids))
+            totals = rollup(pid)
+            pss, rss = pss + totals.get("Pss", 0), rss + totals.get("Rss", 0)
+        return Snapshot(sum(files.values()), pss, rss)
 
 
 class TreeMemory:
     """Samples a process tree every few milliseconds (a context manager around the run).
 
-    ``peak_shmem``: the peak of its shared memory (the Hogwild tables live there), ``peak_pss``:
-    of its summed proportional set size, both from consistent snapshots (see the module's
-    docstring); ``peak_anon``: of the root's private memory (Pss_Anon). ``unconfirmed_*``: the
-    peaks of the cheap samples, for the message of a failing assertion."""
+    ``peak_shmem``: the peak of its shared memory (the Hogwild tables live there), ``peak_pss``
+    and ``peak_rss``: of its summed proportional and resident set sizes, all from consistent
+    snapshots (see the module's docstring); ``peak_anon``: of the root's private memory
+    (Pss_Anon). ``unconfirmed_*``: the peaks of the cheap samples, for the message of a
+    failing assertion. ``interval``: seconds between samples."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, interval: float = 0.005) -> None:
         self.pid = pid
-        self.peak_shmem = self.peak_pss = self.peak_anon = 0
+        self.interval = interval
+        self.peak_shmem = self.peak_pss = self.peak_rss = self.peak_anon = 0
         self.unconfirmed_shmem = self.unconfirmed_pss = 0
         self.pids: set[int] = set()
         self.samples = self.snapshots = 0
@@ -141,16 +151,21 @@ class TreeMemory:
             cheap = Snapshot.of(pids)
             self.unconfirmed_shmem = max(self.unconfirmed_shmem, cheap.shmem)
             self.unconfirmed_pss = max(self.unconfirmed_pss, cheap.pss)
-            if cheap.shmem > self.peak_shmem or cheap.pss > self.peak_pss:
+            if (
+                cheap.shmem > self.peak_shmem
+                or cheap.pss > self.peak_pss
+                or cheap.rss > self.peak_rss
+            ):
                 with frozen(self.pid) as still:
                     if still is not None:
                         snap = Snapshot.of(still)
                         self.peak_shmem = max(self.peak_shmem, snap.shmem)
                         self.peak_pss = max(self.peak_pss, snap.pss)
+                        self.peak_rss = max(self.peak_rss, snap.rss)
                         self.snapshots += 1
-            self.peak_anon = max(self.peak_anon, _rollup(self.pid, "Pss_Anon:"))
+            self.peak_anon = max(self.peak_anon, rollup(self.pid).get("Pss_Anon", 0))
             self.samples += 1
-            time.sleep(0.005)
+            time.sleep(self.interval)
 
     def summary(self, part: int) -> dict[str, float]:
         """The peaks in MiB and in partitions of ``part`` bytes (for assertion messages)."""
