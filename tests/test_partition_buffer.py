@@ -23,6 +23,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -122,20 +123,28 @@ def test_buffered_background_swapping_is_bit_identical(tmp_path: Path, capacity:
     assert not changed, f"buffered swapping changed {changed}"
 
 
-def _store(tmp_path: Path, capacity: int, background: bool) -> PartitionStore:
-    counts = {("node", p): 50 for p in range(8)}
-    return SlowWriterStore(
-        counts,
+def _small_store(
+    path: Path, nparts: int, rows: int, kind: type[PartitionStore] = SlowWriterStore, **options: Any
+) -> PartitionStore:
+    """A fresh run's store (version 1, nothing committed) of ``nparts`` partitions of ``rows``
+    rows of one type at d=4, in private memory; ``options``: capacity, background, remote..."""
+    return kind(
+        {("node", p): rows for p in range(nparts)},
         {"node": 4},
-        CheckpointStore(tmp_path / f"ck{capacity}{background}"),
+        CheckpointStore(path),
         committed=0,
         working=1,
         init_source=None,
         init_scale=0.1,
         seed=1,
         shared=False,
-        capacity=capacity,
-        background=background,
+        **options,
+    )
+
+
+def _store(tmp_path: Path, capacity: int, background: bool) -> PartitionStore:
+    return _small_store(
+        tmp_path / f"ck{capacity}{background}", 8, 50, capacity=capacity, background=background
     )
 
 
@@ -165,6 +174,24 @@ def test_store_never_reads_a_partition_before_its_write_back(tmp_path: Path) -> 
         assert torch.allclose(table.emb, fresh.emb + uses), p
 
 
+def test_a_partition_given_back_is_read_again_only_after_its_write_back(tmp_path: Path) -> None:
+    """A managed store with room to spare (no read waits for write-backs to free memory):
+    a partition given back and needed again at once is still read only after its own
+    write-back completed, and the value read carries the update made before."""
+    store = _small_store(tmp_path / "ck", 4, 20, capacity=4, managed=True, background=True)
+    assert store.events is not None
+    a, b, c = ("node", 0), ("node", 1), ("node", 2)
+    for table in store.ensure({a, b}).values():
+        table.emb.add_(1.0)
+    store.write_back([a], lambda keys: None)
+    tables = store.ensure({a, c})
+    store.drain()
+    _never_read_while_writing(store.events)
+    assert ("write_end", a) in store.events and store.events.count(("load_start", a)) == 2
+    fresh = _small_store(tmp_path / "fresh", 4, 20, PartitionStore).read(a)
+    assert torch.allclose(tables[a].emb, fresh.emb + 1.0)
+
+
 def test_the_store_evicts_the_leaving_partition_early_within_its_capacity(
     tmp_path: Path,
 ) -> None:
@@ -175,20 +202,7 @@ def test_the_store_evicts_the_leaving_partition_early_within_its_capacity(
     write-back, and every bucket's update reaches the checkpoint."""
     nparts, capacity = 12, 4
     order = bucket_order("buffer", nparts, nparts, random.Random(5), capacity, read_ahead=True)
-    counts = {("node", p): 30 for p in range(nparts)}
-    store = SlowWriterStore(
-        counts,
-        {"node": 4},
-        CheckpointStore(tmp_path / "ck"),
-        committed=0,
-        working=1,
-        init_source=None,
-        init_scale=0.1,
-        seed=1,
-        shared=False,
-        capacity=capacity,
-        background=True,
-    )
+    store = _small_store(tmp_path / "ck", nparts, 30, capacity=capacity, background=True)
     assert store.events is not None
     started: list[int] = []  # where each bucket starts in the event log
     keys = [{("node", i), ("node", j)} for i, j in order]
@@ -559,16 +573,11 @@ def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Pat
     from bigembed.errors import PeerError
 
     remote = _HangingRemote()
-    store = PartitionStore(
-        {("node", p): 20 for p in range(4)},
-        {"node": 4},
-        CheckpointStore(tmp_path / "ck"),
-        committed=0,
-        working=1,
-        init_source=None,
-        init_scale=0.1,
-        seed=1,
-        shared=False,
+    store = _small_store(
+        tmp_path / "ck",
+        4,
+        20,
+        PartitionStore,
         remote=remote,
         managed=True,
         background=True,
