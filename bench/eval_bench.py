@@ -99,12 +99,12 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
 
 def in_process(cfg, ckpt: Path, work: Path) -> dict[str, float]:
     """Stage timings of one evaluation, with the same parts `bigembed eval` uses."""
-    from bigembed.buckets.metrics import summarize
     from bigembed.checkpoints.reading import load_trained
     from bigembed.checkpoints.tables import EntityTables
     from bigembed.eval.edge_input import EdgeLoader
-    from bigembed.eval.filters import KnownEdges
-    from bigembed.eval.ranking import EvalEdges, rank_edges
+    from bigembed.ranking.filters import KnownEdges
+    from bigembed.ranking.full import EvalEdges, rank_edges
+    from bigembed.ranking.metrics import summarize
 
     t0 = time.perf_counter()
     trained = load_trained(ckpt)

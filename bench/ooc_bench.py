@@ -41,7 +41,7 @@ V1 = Path("/sys/fs/cgroup/memory")
 
 def _units(text: str) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from bigembed.config_types import _to_bytes
+    from bigembed.config.types import _to_bytes
 
     return int(_to_bytes(text))
 

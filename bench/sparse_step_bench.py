@@ -3,7 +3,7 @@
 The model of bench/sparse_bench.py's config (d=100, cos, 50 batch + 50 uniform negatives, batch
 1000, one relation) over two 20,542-row partitions (82,168 / 4), random batches; prints ms/step
 and edges/s per thread for the ranking and softmax losses, best of ``--rounds``, for the native
-step kernel (bigembed.train.native_step; when it can be built) and the eager path, interleaved.
+step kernel (bigembed.kernels.native.step; when it can be built) and the eager path, interleaved.
 Run it with two source trees interleaved for a before/after (the hot path without the Hogwild
 pool, the loop, the evaluation or the disk):
 
@@ -28,9 +28,9 @@ from sparse_bench import NODES, write_config
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.config import load_config, model_spec
+from bigembed.kernels.step import BatchTrainer, Table
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.malloc_tuning import keep_freed_memory
-from bigembed.train.step import BatchTrainer, Table
+from bigembed.train.hogwild.malloc import keep_freed_memory
 
 ROWS = NODES // 4
 

@@ -27,9 +27,9 @@ from peaks import mm_peak, peaks_line
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.config import load_config, model_spec
+from bigembed.kernels.step import BatchTrainer, Table
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.malloc_tuning import keep_freed_memory
-from bigembed.train.step import BatchTrainer, Table
+from bigembed.train.hogwild.malloc import keep_freed_memory
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "fb15k237.yaml"
 ENTITIES, RELATIONS = 14_541, 237

@@ -139,10 +139,10 @@ def main() -> int:
 
 
 def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
-    from bigembed.buckets.metrics import RankingSums
     from bigembed.checkpoints.reading import load_trained
-    from bigembed.eval.filters import KnownEdges
-    from bigembed.eval.ranking import EvalEdges, rank_edges
+    from bigembed.ranking.filters import KnownEdges
+    from bigembed.ranking.full import EvalEdges, rank_edges
+    from bigembed.ranking.metrics import RankingSums
     from bigembed.storage.edges import EdgeStore
 
     tm = load_trained(ckpt)

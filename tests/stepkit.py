@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from bigembed.kernels.step import BatchTrainer, Table
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
-from bigembed.train.step import BatchTrainer, Table
 
 #: no sampled negatives: the steps under test score against every entity
 NO_NEGATIVES = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)

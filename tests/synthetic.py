@@ -110,10 +110,10 @@ def budget_for(
     capacity: int, table_bytes: int, *, workers: int, edges: int, read_ahead: bool = True
 ) -> int:
     """A ``memory_budget`` that holds ``capacity`` partitions of ``table_bytes`` (and not one
-    more) by the memory model of :mod:`bigembed.train.memory_budget`; ``edges``: an upper bound
+    more) by the memory model of :mod:`bigembed.train.memory.budget`; ``edges``: an upper bound
     on a bucket chunk's edges, at most half a table's bytes of edge buffers above the truth;
     ``read_ahead``: ``partition_prefetch`` (on by default)."""
-    from bigembed.train.memory_budget import BASE_BYTES, WORKER_BYTES, edge_bytes
+    from bigembed.train.memory.budget import BASE_BYTES, WORKER_BYTES, edge_bytes
 
     fixed = BASE_BYTES + workers * WORKER_BYTES + edges * edge_bytes(read_ahead)
     return fixed + capacity * table_bytes + table_bytes // 4

@@ -168,8 +168,8 @@ def test_train_type_1vsall_refuses_partitioned_types() -> None:
 def test_dense_all_rows_update_equals_sparse_row_adagrad() -> None:
     """The dense update of an all-entity batch equals the sparse row-Adagrad over every row
     plus the positives (duplicates summed), state included."""
-    from bigembed.train.all_rows import all_rows_adagrad_update, whole_table_gradient
-    from bigembed.train.optimizers import row_adagrad_update
+    from bigembed.kernels.all_rows import all_rows_adagrad_update, whole_table_gradient
+    from bigembed.kernels.optimizers import row_adagrad_update
 
     torch.manual_seed(3)
     table, state = torch.randn(7, 4), torch.rand(7)
@@ -206,7 +206,7 @@ def test_reciprocal_eval_scores_head_queries_as_training_does(side: str) -> None
     """Dynamic relations are the reciprocal model: training scores a head query (?, r, t)
     with op_rhs[r](t) (the tail query of r^-1) and a tail query with op_lhs[r](h); the eval
     direction of the same side gives exactly the training scores against every entity."""
-    from bigembed.eval.directions import direction
+    from bigembed.ranking.directions import direction
 
     model = _model(True, "dot", "complex_diagonal")
     rows, n = 12, 7
@@ -234,8 +234,8 @@ def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -
     all-rows update leaves the tables and Adagrad states exactly where the sparse row-Adagrad
     over every row id and the positives would; and repeated steps lower the loss."""
     from bigembed.buckets.batching import Batch
-    from bigembed.train.optimizers import row_adagrad_update
-    from bigembed.train.step import BatchTrainer
+    from bigembed.kernels.optimizers import row_adagrad_update
+    from bigembed.kernels.step import BatchTrainer
 
     rhs_type = "e" if shared else "f"
     spec = ModelSpec(

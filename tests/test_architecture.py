@@ -68,8 +68,8 @@ def _fake_bigembed(root: Path, violation: tuple[str, str] | None) -> None:
     layers = next(c for c in _contracts()["contracts"] if c["type"] == "layers")["layers"]
     pkg = root / "bigembed"
     pkg.mkdir()
-    # like the real root: a lazy import of bigembed.query (exempt through ignore_imports)
-    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.query\n")
+    # like the real root: a lazy import of bigembed.serving.query (exempt through ignore_imports)
+    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.serving.query\n")
     for name in _layer_modules(layers):
         sub = pkg / name
         sub.mkdir()
@@ -192,7 +192,7 @@ def test_hogwild_workers_do_not_load_the_stores() -> None:
     """A spawned Hogwild worker imports only what a training step needs: pulling in the stores
     (pyarrow) or the plotting stack costs ~40 MB of memory in every worker process."""
     code = (
-        "import sys, bigembed.train.hogwild, bigembed.train.worker_guard\n"
+        "import sys, bigembed.train.hogwild.pool, bigembed.train.hogwild.guard\n"
         "heavy = [m for m in ('pyarrow', 'matplotlib', 'h5py') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -219,7 +219,7 @@ def test_metadata_claiming_huge_sizes_is_refused_before_allocating(
 def test_partition_header_is_checked_before_allocating(tmp_path: Path, monkeypatch) -> None:
     """A partition file of another shape is refused by the trainer's partition store before
     the partition's memory is allocated."""
-    from bigembed.train.partitions import PartitionStore
+    from bigembed.train.memory.partitions import PartitionStore
 
     cfg, _ = _trained(tmp_path)
     path = Path(cfg.checkpoint_path) / "embeddings_node_0.v1.npy"

@@ -147,7 +147,7 @@ def bucket_records(cfg: Any) -> dict[int, list[tuple[int, int]]]:
 def withheld_mrr(cfg: Any) -> float:
     """Raw MRR of the edges training withheld (eval_fraction), ranked against all entities."""
     from bigembed.checkpoints.reading import load_trained
-    from bigembed.eval.ranking import EvalEdges, rank_edges
+    from bigembed.ranking.full import EvalEdges, rank_edges
     from bigembed.storage.edges import EdgeStore
     from bigembed.train.evaluation import split_eval
     from bigembed.train.loop import _mix

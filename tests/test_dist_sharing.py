@@ -31,7 +31,7 @@ from bigembed.model.scoring import ScoringModel
 from bigembed.storage.edges import write_edge_manifest
 from bigembed.storage.entities import write_entity_store
 from bigembed.storage.format import bucket_dir
-from bigembed.train.partitions import init_embeddings
+from bigembed.train.memory.partitions import init_embeddings
 from synthetic import graph_config
 from test_dist import CLI, ENV, TIMEOUT, check_events, free_port, read_events, run
 

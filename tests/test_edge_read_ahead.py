@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.kernels.step import Table
 from bigembed.storage import EdgeStore
-from bigembed.train.edge_buffers import PreparedEdges
-from bigembed.train.hogwild import ACK, HogwildPool, WorkerSetup
+from bigembed.train.hogwild.pool import ACK, HogwildPool, WorkerSetup
 from bigembed.train.loop import Trainer
-from bigembed.train.step import Table
+from bigembed.train.memory.edge_buffers import PreparedEdges
 from synthetic import graph_config, write_graph
 
 NPARTS = 4
@@ -200,7 +200,7 @@ def test_a_buffer_holds_a_plan_that_takes_every_edge_twice(weighted: bool) -> No
     """A grouped-query plan (``train_type: KvsAll``) takes each edge once per side: the buffer
     holds ``len(order)`` rows, not the edge count (it once held the edge count, and the copy
     into the too-short shared buffer crashed the process)."""
-    from bigembed.train.edge_buffers import EdgeBuffers
+    from bigembed.train.memory.edge_buffers import EdgeBuffers
 
     gen = torch.Generator().manual_seed(0)
     n = 1000

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from bigembed.buckets.metrics import RankingSums, ranks_from_scores, summarize, summarize_groups
-from bigembed.eval.filters import KnownEdges
-from bigembed.eval.ranking import SideRanks
+from bigembed.ranking.filters import KnownEdges
+from bigembed.ranking.full import SideRanks
+from bigembed.ranking.metrics import RankingSums, ranks_from_scores, summarize, summarize_groups
 
 
 def test_summary_of_known_ranks() -> None:
@@ -96,8 +96,8 @@ def test_fast_ranks_and_auc_equal_the_definitions_bit_for_bit() -> None:
     """Ties (scores drawn from a few values), masked negatives, a masked positive, a NaN
     positive and positives below the mask value, negatives in two blocks: the two-pass
     counting gives the same ranks and the same AUC bits as the bool-mask definitions."""
-    from bigembed.buckets.metrics import auc_from_scores, ranks_and_auc
     from bigembed.model.negatives import MASKED
+    from bigembed.ranking.metrics import auc_from_scores, ranks_and_auc
 
     gen = torch.Generator().manual_seed(3)
     b, n1, n2 = 64, 37, 50

@@ -10,8 +10,8 @@ import torch
 
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.tables import EntityTables
-from bigembed.eval.filters import KnownEdges
-from bigembed.eval.ranking import EvalEdges, rank_edges
+from bigembed.ranking.filters import KnownEdges
+from bigembed.ranking.full import EvalEdges, rank_edges
 from evalkit import USER_ITEM_RELATIONS, make_config, user_item_config, write_checkpoint
 
 

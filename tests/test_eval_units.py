@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from bigembed.buckets.metrics import RankingSums
-from bigembed.buckets.sampled_ranking import (
+from bigembed.config import model_spec, parse_config_dict
+from bigembed.kernels.step import Table
+from bigembed.model.negatives import MASKED
+from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.ranking.metrics import RankingSums
+from bigembed.ranking.sampled import (
     evaluate_edges,
     merge_units,
     plan_eval,
     score_batches,
 )
-from bigembed.config import model_spec, parse_config_dict
-from bigembed.model.negatives import MASKED
-from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.train.step import Table
 
 SIDES = [(("n", 0), ("n", 1)), (("n", 1), ("n", 0))]
 
@@ -167,8 +167,8 @@ def test_scores_as_low_as_a_mask_are_counted_one_by_one() -> None:
 def test_the_workers_rank_an_eval_as_the_main_process_does(steal: bool) -> None:
     """The workers score with the native kernel where it applies (as the main process does
     when handed it), else eagerly."""
-    from bigembed.train.hogwild import HogwildPool, WorkerSetup
-    from bigembed.train.native_eval import NativeEval
+    from bigembed.kernels.native.eval import NativeEval
+    from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 
     model = _model("cos", "ranking", False)
     model.share_memory()

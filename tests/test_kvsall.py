@@ -213,7 +213,7 @@ def test_query_step_updates_rows_as_sparse_row_adagrad_would(shared: bool) -> No
     row-Adagrad of the query loss's gradients (query rows, target rows, every candidate row,
     duplicates summed) would; the relation parameters move."""
     from bigembed.buckets.batching import Batch
-    from bigembed.train.optimizers import row_adagrad_update
+    from bigembed.kernels.optimizers import row_adagrad_update
 
     rhs_type = "e" if shared else "f"
     spec = ModelSpec(

@@ -22,10 +22,10 @@ import torch
 import yaml
 
 from bigembed.buckets.batching import batch_plan, make_batches
-from bigembed.buckets.cost import CostModel, analytic_per_edge, bucket_costs, signature_of
 from bigembed.config import parse_config_dict
 from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
-from bigembed.train.hogwild import BatchQueue
+from bigembed.train.hogwild.pool import BatchQueue
+from bigembed.train.memory.cost import CostModel, analytic_per_edge, bucket_costs, signature_of
 from synthetic import graph_config, write_graph
 from test_dist import ENV, check_events, read_events
 
@@ -101,7 +101,7 @@ def test_cost_model_weighs_relations_by_operator() -> None:
 
 
 def test_calibration_times_every_signature() -> None:
-    from bigembed.train.cost_calibration import calibrate
+    from bigembed.train.memory.cost_calibration import calibrate
 
     cfg = _config(batch_size=64, num_batch_negs=8, num_uniform_negs=8)
     model = calibrate(cfg, 2, batches=1)
@@ -347,7 +347,7 @@ def test_calibration_from_the_buckets_recovers_seconds_per_edge() -> None:
     """Buckets whose relation mixes differ: the fit finds each signature's seconds per edge
     (here linear is 3x cheaper per analytic multiply-add than diagonal, as on a real CPU);
     buckets with one mix only give the scale and keep the analytic ratios; too few, nothing."""
-    from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
+    from bigembed.train.memory.cost_calibration import BucketSample, fit_from_buckets
 
     cfg = _config()
     prior = CostModel.analytic(cfg)
@@ -482,9 +482,9 @@ def _two_worker_pool(steal: bool):
     two relations: ``(pool, table, lhs, rhs, rel)``."""
     from bigembed.buckets.negative_settings import negative_settings
     from bigembed.config import model_spec
+    from bigembed.kernels.step import Table
     from bigembed.model.scoring import ScoringModel
-    from bigembed.train.hogwild import HogwildPool, WorkerSetup
-    from bigembed.train.step import Table
+    from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 
     cfg = _config(dimension=8, batch_size=50, num_batch_negs=5, num_uniform_negs=5)
     model = ScoringModel(model_spec(cfg, 2))

@@ -1,5 +1,5 @@
-"""The native scoring of the withheld-edge eval (bigembed.train.native_eval) against the eager
-units (bigembed.buckets.sampled_ranking.eval_unit without a scorer), its reference.
+"""The native scoring of the withheld-edge eval (bigembed.kernels.native.eval) against the eager
+units (bigembed.ranking.sampled.eval_unit without a scorer), its reference.
 
 On tables whose every score is exact in fp32 (small integers with ``dot``; rows of four +-1
 with ``cos``, normalised to +-0.5) both paths compute the same scores whatever the order of
@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from bigembed.buckets.metrics import RankingSums
-from bigembed.buckets.sampled_ranking import (
+from bigembed.kernels.native.eval import NativeEval
+from bigembed.kernels.step import Table
+from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model.spec import ModelSpec, RelationSpec
+from bigembed.ranking.metrics import RankingSums
+from bigembed.ranking.sampled import (
     evaluate_edges,
     merge_units,
     plan_eval,
     score_batches,
 )
-from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.train import native_build, native_eval
-from bigembed.train.native_eval import NativeEval
-from bigembed.train.step import Table
 
 DIM = 16
 SIDES = [(("e", 0), ("e", 1))]
@@ -303,7 +303,7 @@ def test_an_eval_given_a_runner_runs_its_units_there() -> None:
 
     def runner(plan):
         plans.append(plan)
-        from bigembed.buckets.sampled_ranking import eval_unit
+        from bigembed.ranking.sampled import eval_unit
 
         return [eval_unit(model, lambda k: tables[k].emb, SIDES, plan, u) for u in range(6)]
 

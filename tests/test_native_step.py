@@ -1,4 +1,4 @@
-"""The native step kernel (bigembed.train.native_step) against the eager step, its reference:
+"""The native step kernel (bigembed.kernels.native.step) against the eager step, its reference:
 same losses, violators, updated rows, Adagrad states and relation parameters, on the configs it
 supports; the eager path when it cannot be built or the config is outside it."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from bigembed.buckets.batching import Batch
+from bigembed.kernels.native.step import NativeStep
+from bigembed.kernels.step import BatchTrainer, StepStats, Table
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.train import native_build
-from bigembed.train.native_step import NativeStep
-from bigembed.train.step import BatchTrainer, StepStats, Table
 
 ROWS, DIM = 600, 13
 
@@ -167,7 +167,7 @@ def test_missing_compiler_falls_back_to_eager(
     monkeypatch.setenv("BIGEMBED_CACHE_DIR", str(tmp_path / "cache"))
     native_build.native_library.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="bigembed.train.native_build"):
+        with caplog.at_level(logging.WARNING, logger="bigembed.kernels.native.build"):
             assert native_build.native_library() is None
         assert "no C++ compiler" in caplog.text
         assert not list((tmp_path / "cache").rglob("*.so"))

@@ -31,13 +31,13 @@ import torch
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import parse_config_dict
 from bigembed.errors import BigembedError
+from bigembed.kernels.step import Table
 from bigembed.partition_keys import PartitionKey
 from bigembed.train import partition_io
-from bigembed.train.bucket_order import bucket_order
 from bigembed.train.loop import Trainer
-from bigembed.train.memory_budget import plan_memory
-from bigembed.train.partitions import PartitionStore, init_embeddings
-from bigembed.train.step import Table
+from bigembed.train.memory.bucket_order import bucket_order
+from bigembed.train.memory.budget import plan_memory
+from bigembed.train.memory.partitions import PartitionStore, init_embeddings
 from synthetic import budget_for, graph_config, write_graph
 from test_out_of_core import train_measured
 
@@ -603,7 +603,7 @@ def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Pat
 SLOW_WRITE = 0.08
 _SLOW_RANK = (
     "import sys, time\n"
-    "from bigembed.train.partitions import PartitionStore, init_embeddings\n"
+    "from bigembed.train.memory.partitions import PartitionStore, init_embeddings\n"
     "_save = PartitionStore._save\n"
     "def slow(self, key, table):\n"
     f"    time.sleep({SLOW_WRITE})\n"

@@ -19,7 +19,7 @@ from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication.codecs import NonFiniteError
 from bigembed.communication.row_delta import RowDelta, to_transfer
 from bigembed.distributed.partition_server import PartitionServer
-from bigembed.train.step import Table
+from bigembed.kernels.step import Table
 
 
 def test_row_delta_bounds_and_size() -> None:

@@ -37,7 +37,7 @@ from bigembed.communication.strategies import (
     make_strategy,
     strategy_classes,
 )
-from bigembed.config_types import PRECISION_NAMES, STRATEGY_NAMES
+from bigembed.config import PRECISION_NAMES, STRATEGY_NAMES
 
 NAMES = ["param/a", "adagrad/a", "emb/item", "emb_state/item"]
 NUMELS = [300, 300, 40_000, 5_000]
@@ -266,7 +266,7 @@ def test_a_round_is_recorded_complete_before_the_gate_opens() -> None:
     recorded the round as completed: a worker let through never sees the previous round's
     batch count (opening first let the gloo invariant above read a lag of sync_every + 1)."""
     from bigembed.communication.lockstep import LockstepRounds
-    from bigembed.train.batch_gate import BatchGate
+    from bigembed.train.hogwild.gate import BatchGate
 
     seen: list[tuple[int, int]] = []  # (budget opened, completed batches at that moment)
 

@@ -13,10 +13,10 @@ import torch
 
 from bigembed.buckets.batching import make_batches
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.train.bucket_order import bucket_order
+from bigembed.kernels.optimizers import dense_adagrad_update, row_adagrad_update
 from bigembed.train.evaluation import split_eval
 from bigembed.train.loop import iterations
-from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
+from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.records import (
     BucketRecord,
     StepLog,

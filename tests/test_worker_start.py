@@ -1,5 +1,5 @@
 """Starting and stopping Hogwild workers: they are forked from a preloaded forkserver
-(bigembed.train.worker_guard), which may have started long before a pool, yet see the
+(bigembed.train.hogwild.guard), which may have started long before a pool, yet see the
 trainer's environment of the pool's start; killing them at once prints nothing extra."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """bigembed: embeddings of huge multi-relation graphs (a PyTorch-BigGraph successor).
 
-``bigembed.load(checkpoint_dir)`` opens a trained model for queries (see :mod:`bigembed.query`);
-it is imported on first use, so ``import bigembed`` stays cheap.
+``bigembed.load(checkpoint_dir)`` opens a trained model for queries (see
+:mod:`bigembed.serving.query`); it is imported on first use, so ``import bigembed`` stays cheap.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load"]
 
 if TYPE_CHECKING:
-    from bigembed.query import load
+    from bigembed.serving.query import load
 
 
 def __getattr__(name: str) -> Any:
     if name == "load":
-        from bigembed.query import load
+        from bigembed.serving.query import load
 
         return load
     raise AttributeError(f"module 'bigembed' has no attribute {name!r}")

@@ -7,7 +7,7 @@ The key types (``PartitionKey``, ``Bucket``) live at the bottom, in :mod:`bigemb
 * :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches;
 * :mod:`~bigembed.buckets.gather`: gathering a batch's embedding rows and its negatives;
 * :mod:`~bigembed.buckets.negative_settings`: the negative counts a config asks for;
-* :mod:`~bigembed.buckets.sampled_ranking`: scoring edges against sampled negatives, as the
+* :mod:`~bigembed.ranking.sampled`: scoring edges against sampled negatives, as the
   withheld-edge eval of training and the ``sampled`` protocol of ``bigembed eval`` both do;
-* :mod:`~bigembed.buckets.metrics`: ranks from scores and the ranking metrics.
+* :mod:`~bigembed.ranking.metrics`: ranks from scores and the ranking metrics.
 """

@@ -87,7 +87,7 @@ def batch_plan(
     (relation_idx 0). Otherwise single-relation batches, the relation drawn with probability ∝
     its edges left (PBG's rule). ``queries`` = the edges' ``(lhs, rhs)``: the grouped-query plan
     of the module docstring (dynamic relations). Hogwild workers take the batches of one plan
-    from a shared queue (:mod:`bigembed.train.hogwild`); :func:`make_batches` walks a plan in
+    from a shared queue (:mod:`bigembed.train.hogwild.pool`); :func:`make_batches` walks a plan in
     order.
     """
     n = int(rel.shape[0])

@@ -67,7 +67,7 @@ class EntityTables:
         self._bytes += size
         return tensor
 
-    __call__ = table  # an EmbeddingSource for bigembed.eval.ranking
+    __call__ = table  # an EmbeddingSource for bigembed.ranking.full
 
     def _load(self, etype: str, part: int) -> Tensor:
         mapped = self.trained.mapped_embeddings(etype, part)

@@ -123,7 +123,7 @@ def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> N
     out = work / "eval_test.json"
     report.write_json(out)
     print(f"   written to {out}")
-    from bigembed.query import example_predictions, load
+    from bigembed.serving.query import example_predictions, load
 
     print()
     print(example_predictions(load(cfg.checkpoint_path), n=5, edge_path=splits[2]))

@@ -26,8 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bigembed.config import ConfigSchema, load_config
-from bigembed.config_loading import apply_overrides, normalize_keys, read_config_file
+from bigembed.config import (
+    ConfigSchema,
+    apply_overrides,
+    load_config,
+    normalize_keys,
+    read_config_file,
+)
 from bigembed.errors import ConfigError
 
 GRACE_S = 5.0

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bigembed.config_types import PRECISION_NAMES
+from bigembed.config import PRECISION_NAMES
 
 PRECISIONS: tuple[str, ...] = PRECISION_NAMES
 """The codec names: the config's list (``communication.precision``), which get_codec covers."""

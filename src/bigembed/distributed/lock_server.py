@@ -14,7 +14,7 @@ Rules, per pass (one (epoch, edge set, chunk) step):
     partition at once, so a partition's remaining cost is a lower bound on the time left in the
     pass: serving the busiest partitions first keeps that bound from becoming the tail, and
     among them the costliest bucket first is Bagua's "largest first" balancing, by cost (see
-    :mod:`bigembed.buckets.cost`) rather than by edge count;
+    :mod:`bigembed.train.memory.cost`) rather than by edge count;
 * with ``distributed_tree_init_order``, in the first pass of a fresh run a bucket is granted only
   if all its lhs or all its rhs partitions were touched already, starting from partition 0 of
   each type, so every partition's random start is first trained next to an already aligned

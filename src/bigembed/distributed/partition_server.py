@@ -41,8 +41,8 @@ from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import BadRequest, Message, RpcClient, RpcServer, field
 from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError
+from bigembed.kernels.step import Table
 from bigembed.partition_keys import PartitionKey
-from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.buckets.cost import CostModel, bucket_costs
 from bigembed.buckets.geometry import bucket_sides, chunk_sizes
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication import get_codec
@@ -57,16 +56,17 @@ from bigembed.distributed.lock_server import (
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
+from bigembed.kernels.step import Table
 from bigembed.partition_keys import Bucket
-from bigembed.train.cost_calibration import BucketSample, fit_from_buckets
 from bigembed.train.iteration import Iteration, iterations
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
+from bigembed.train.memory.cost import CostModel, bucket_costs
+from bigembed.train.memory.cost_calibration import BucketSample, fit_from_buckets
+from bigembed.train.memory.partitions import PartitionStore
 from bigembed.train.observers import BucketWork, Observer
-from bigembed.train.partitions import PartitionStore
 from bigembed.train.policy import checkpoint_metadata, commit_with_stats, resume
 from bigembed.train.records import BucketRecord, StepLog, merge_step_logs
-from bigembed.train.step import Table
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class LockCosts:
 
     After the first step this run trains, the busy seconds of every bucket (all trainers'
     records, merged on rank 0) and its edges per relation signature give seconds per edge per
-    signature (:func:`~bigembed.train.cost_calibration.fit_from_buckets`); the passes planned
+    signature (:func:`~bigembed.train.memory.cost_calibration.fit_from_buckets`); the passes planned
     after that use them. No extra timing run: calibrating at start-up with one made the
     allreduce strategy's first gloo round time out (a long silent pause on rank 0 only)."""
 

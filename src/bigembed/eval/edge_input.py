@@ -21,7 +21,7 @@ from bigembed.checkpoints.reading import TrainedModel, open_entity_store
 from bigembed.config import relation_list
 from bigembed.edgelists import ColumnSpec, EdgeNameFile, NameBatch, NameFileOptions, TextOptions
 from bigembed.errors import InputError
-from bigembed.eval.ranking import EvalEdges
+from bigembed.ranking.full import EvalEdges
 from bigembed.storage import (
     MANIFEST,
     EdgeStore,

@@ -20,14 +20,14 @@ import numpy as np
 from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
-from bigembed.buckets.metrics import summarize, summarize_groups
 from bigembed.checkpoints.reading import TrainedModel, load_trained
 from bigembed.checkpoints.tables import EntityTables
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
-from bigembed.eval.filters import KnownEdges
-from bigembed.eval.ranking import SIDES, EvalEdges, RankingResult, rank_edges
+from bigembed.ranking.filters import KnownEdges
+from bigembed.ranking.full import SIDES, EvalEdges, RankingResult, rank_edges
+from bigembed.ranking.metrics import summarize, summarize_groups
 
 logger = logging.getLogger(__name__)
 

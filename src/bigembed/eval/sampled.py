@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from bigembed.buckets.geometry import bucket_sides
-from bigembed.buckets.sampled_ranking import score_batches
 from bigembed.checkpoints.tables import EntityTables
-from bigembed.eval.ranking import EvalEdges, RankingResult, SideRanks
 from bigembed.model.negatives import MASKED
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
+from bigembed.ranking.full import EvalEdges, RankingResult, SideRanks
+from bigembed.ranking.sampled import score_batches
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from bigembed.atomic import atomic_directory
+from bigembed.checkpoints.inference import open_for_inference
 from bigembed.checkpoints.reading import TrainedModel
 from bigembed.checkpoints.tables import EntityTables
 from bigembed.errors import InputError
@@ -35,7 +36,6 @@ from bigembed.export.writers import (
     write_projector,
     write_tsv,
 )
-from bigembed.inference import open_for_inference
 from bigembed.output_paths import check_replaceable, refuse_overlap, write_error
 from bigembed.storage import EntityStore
 

@@ -3,7 +3,7 @@
 Each tuple is THE list of valid names: :mod:`bigembed.model.operators`,
 :mod:`bigembed.model.comparators` and :mod:`bigembed.model.losses` pair exactly these names with
 their implementations, and the config derives its allowed
-values from them (:mod:`bigembed.config_types`). This module imports nothing, so validating a
+values from them (:mod:`bigembed.config.types`). This module imports nothing, so validating a
 config does not load torch (``bigembed import`` and ``bigembed config`` stay fast).
 """
 

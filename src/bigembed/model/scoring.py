@@ -3,7 +3,7 @@
 Entity embedding tables live outside the model (in a partition store, possibly on disk); the
 trainer gathers the rows a batch needs and hands them here as leaf tensors, so gradients land
 on exactly those rows and a fused row-wise Adagrad can apply them (see
-:func:`bigembed.train.optimizers.row_adagrad_update`). Relation parameters and global
+:func:`bigembed.kernels.optimizers.row_adagrad_update`). Relation parameters and global
 embeddings are ordinary ``nn.Parameter`` objects of this module.
 
 Standard mode (PBG's non-dynamic relations): each batch holds one relation type; its operator

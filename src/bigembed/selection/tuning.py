@@ -29,10 +29,10 @@ from bigembed.config import (
     ConfigSchema,
     TuneParamSchema,
     TuneSchema,
+    apply_overrides,
     config_to_dict,
     parse_config_dict,
 )
-from bigembed.config_loading import apply_overrides
 from bigembed.errors import BigembedError, ConfigError
 from bigembed.selection.early_stopping import Evaluation, train_model
 from bigembed.train.loop import StopTraining

@@ -3,7 +3,7 @@
 Each bucket chunk withholds the same edges every epoch (chosen by a generator seeded from the
 edge set, chunk and bucket), never trains on them, and scores them before and after training
 the bucket against ``eval_num_batch_negs`` batch and ``eval_num_uniform_negs`` uniform negatives
-(:func:`bigembed.buckets.sampled_ranking.evaluate_edges`).
+(:func:`bigembed.ranking.sampled.evaluate_edges`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ subclass:
 
 * a :class:`BucketSource` hands out the buckets of a step (:class:`LocalBucketSource`: the
   configured ``bucket_order``; distributed: the lock server);
-* a :class:`~bigembed.train.partitions.PartitionStore` is the partition source and sink
+* a :class:`~bigembed.train.memory.partitions.PartitionStore` is the partition source and sink
   (swapping to the checkpoint directory, or with a remote, to the partition servers);
 * a :class:`~bigembed.train.policy.CheckpointPolicy` saves and commits each step;
 * :class:`~bigembed.train.observers.TrainingObserver` s watch it (progress display,
@@ -33,16 +33,19 @@ from bigembed.buckets.negative_settings import negative_settings
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
+from bigembed.kernels.native.step import NativeStep
+from bigembed.kernels.step import StepStats
 from bigembed.partition_keys import Bucket, PartitionKey
-from bigembed.train.batch_gate import BatchGate
-from bigembed.train.bucket_order import bucket_order
-from bigembed.train.edge_buffers import PreparedEdges
 from bigembed.train.evaluation import split_eval
-from bigembed.train.hogwild import HogwildPool, WorkerSetup
+from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
 from bigembed.train.job import ModelState, TrainingJob
-from bigembed.train.memory_budget import MemoryPlan, plan_memory
-from bigembed.train.native_step import NativeStep
+from bigembed.train.memory.bucket_order import bucket_order
+from bigembed.train.memory.budget import MemoryPlan, plan_memory
+from bigembed.train.memory.edge_buffers import PreparedEdges
+from bigembed.train.memory.partition_io import Job, PartitionIO
+from bigembed.train.memory.partitions import PartitionSource, PartitionStore
 from bigembed.train.observers import (
     BucketWork,
     HeldOut,
@@ -52,8 +55,6 @@ from bigembed.train.observers import (
     TrainingObserver,
     WithheldEdgeEval,
 )
-from bigembed.train.partition_io import Job, PartitionIO
-from bigembed.train.partitions import PartitionSource, PartitionStore
 from bigembed.train.policy import CheckpointPolicy, LocalCheckpoints, resume
 from bigembed.train.records import (
     BucketRecord,
@@ -63,7 +64,6 @@ from bigembed.train.records import (
     StepLog,
     StepRecord,
 )
-from bigembed.train.step import StepStats
 
 __all__ = [
     "BucketSource",
@@ -94,7 +94,7 @@ class LocalBucketSource:
     """The configured ``bucket_order``, drawn anew each step from the seed. ``buffer``: the
     partitions per side the ``buffer`` order plans for; ``read_ahead``: the partition store
     reads ahead in the background (``partition_prefetch``), so ``buffer`` is the staggered
-    order (see :func:`bigembed.train.bucket_order.bucket_order`). Its buckets are known in
+    order (see :func:`bigembed.train.memory.bucket_order.bucket_order`). Its buckets are known in
     advance, so the loop plans the partition store's evictions and read-ahead with them."""
 
     known_in_advance = True
@@ -143,7 +143,7 @@ class TrainingLoop:
         gate: BatchGate | None = None,
     ) -> None:
         """``gate``: passed by every worker before each batch (see
-        :mod:`bigembed.train.batch_gate`); its owner can hold training back."""
+        :mod:`bigembed.train.hogwild.gate`); its owner can hold training back."""
         self.job = job
         self.cfg = job.cfg
         self.state = state
@@ -420,7 +420,7 @@ class Trainer:
         return loop.run(committed)
 
     def _memory_plan(self) -> MemoryPlan:
-        """How many partitions this run holds (see :mod:`bigembed.train.memory_budget`)."""
+        """How many partitions this run holds (see :mod:`bigembed.train.memory.budget`)."""
         cfg, job = self.cfg, self.job
         counts, dims = job.partition_counts(), job.dimensions()
         pinned = set(job.unpartitioned(counts))

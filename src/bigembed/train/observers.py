@@ -16,16 +16,16 @@ from typing import Protocol
 from torch import Tensor
 from tqdm import tqdm
 
-from bigembed.buckets.metrics import RankingSums
 from bigembed.buckets.negative_settings import negative_settings
-from bigembed.buckets.sampled_ranking import EvalPlan, UnitResult, evaluate_edges
 from bigembed.config import ConfigSchema
+from bigembed.kernels.native.eval import NativeEval
+from bigembed.kernels.step import Table
 from bigembed.model.scoring import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
+from bigembed.ranking.metrics import RankingSums
+from bigembed.ranking.sampled import EvalPlan, UnitResult, evaluate_edges
 from bigembed.train.iteration import Iteration, mix_seed
-from bigembed.train.native_eval import NativeEval
 from bigembed.train.records import BucketRecord, StepRecord
-from bigembed.train.step import Table
 
 
 @dataclass

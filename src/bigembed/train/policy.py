@@ -24,7 +24,7 @@ from bigembed.config import config_to_dict
 from bigembed.errors import CheckpointError
 from bigembed.train.iteration import Iteration
 from bigembed.train.job import ModelState, TrainingJob
-from bigembed.train.partitions import PartitionSource, PartitionStore
+from bigembed.train.memory.partitions import PartitionSource, PartitionStore
 from bigembed.train.records import StepLog
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 ``communication.strategy`` selects one (:func:`make_strategy`). A new strategy is a new module
 here with a :class:`~bigembed.communication.strategies.base.Strategy` subclass, plus its name in
-the config's list of choices (``bigembed.config_types.STRATEGY_NAMES``); nothing else changes.
+the config's list of choices (``bigembed.config.types.STRATEGY_NAMES``); nothing else changes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ trainers' copies. The trainer calls its hooks at fixed points:
 hook                   when
 =====================  ==========================================================================
 ``start()``            once, after every trainer holds rank 0's values; starts its threads
-``gate``               per batch: a :class:`~bigembed.train.batch_gate.BatchGate` every Hogwild
+``gate``               per batch: a :class:`~bigembed.train.hogwild.gate.BatchGate` every Hogwild
                        worker passes before each batch (a synchronous strategy holds the workers
                        there until its round has merged their last ``sync_every`` batches), or
                        None
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.communication.codecs import Codec
-from bigembed.train.batch_gate import BatchGate
+from bigembed.train.hogwild.gate import BatchGate
 
 
 @dataclass(frozen=True)

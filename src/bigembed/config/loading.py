@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from bigembed.config_types import PARSES_TEXT, OneOf
+from bigembed.config.types import PARSES_TEXT, OneOf
 from bigembed.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -240,7 +240,7 @@ def _strip(annotation: Any) -> tuple[Any, bool]:
 
 
 def _parses_text(annotation: Any) -> bool:
-    """Whether the field's type is marked :data:`~bigembed.config_types.PARSES_TEXT`."""
+    """Whether the field's type is marked :data:`~bigembed.config.types.PARSES_TEXT`."""
     origin = get_origin(annotation)
     if origin is Annotated:
         args = get_args(annotation)

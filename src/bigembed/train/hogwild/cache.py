@@ -11,7 +11,7 @@ object in its :class:`WorkerCache` until it is told to drop it (:class:`Drop`).
 
 Dropping is a memory-budget matter: a worker still mapping an evicted table keeps its shared
 memory alive. So the partition store, when it takes a table out of the resident set, asks the
-pool to :meth:`~bigembed.train.hogwild.HogwildPool.forget` it (a :class:`Drop` with a sequence
+pool to :meth:`~bigembed.train.hogwild.pool.HogwildPool.forget` it (a :class:`Drop` with a sequence
 number goes to every worker before any later task) and, once the table is written back, waits
 until every worker has acknowledged that drop before the table counts as freed. An object the
 trainer lets go of otherwise (an edge buffer replaced by a larger one) is dropped lazily, with

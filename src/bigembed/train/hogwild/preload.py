@@ -1,4 +1,4 @@
-"""Imported by the Hogwild workers' forkserver only (see :mod:`bigembed.train.worker_guard`).
+"""Imported by the Hogwild workers' forkserver only (see :mod:`bigembed.train.hogwild.guard`).
 
 Importing it makes the current process ignore SIGINT and SIGTERM and loads the worker code,
 so that every worker forked later starts with torch and bigembed already imported. Nothing
@@ -13,4 +13,4 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-import bigembed.train.hogwild  # noqa: E402,F401  (the point of the preload)
+import bigembed.train.hogwild.pool  # noqa: E402,F401  (the point of the preload)

@@ -5,7 +5,7 @@ Such a batch gives every row of the partition a gradient, so the sparse row-Adag
 14,541 x 128 table on the development machine) is replaced by a dense one: the positives'
 gradient rows are added into the whole-table gradient, and one row-wise Adagrad step runs over
 the table in a few vectorised passes. Same rule as
-:func:`bigembed.train.optimizers.row_adagrad_update` (the accumulator holds the running sum of
+:func:`bigembed.kernels.optimizers.row_adagrad_update` (the accumulator holds the running sum of
 each row's mean squared gradient; PBG's Hogwild rule for the denominator).
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bigembed.kernels.optimizers import EPS
 from bigembed.model.scoring import SideEmbeddings
-from bigembed.train.optimizers import EPS
 
 
 def whole_table_gradient(side: SideEmbeddings) -> Tensor | None:

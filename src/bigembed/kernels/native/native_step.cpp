@@ -1,7 +1,7 @@
 // One training step of bigembed's sampled-negative path in one call, for small dimensions.
 //
-// The eager path (bigembed.train.step.BatchTrainer.step with bigembed.model.fused) is the
-// reference; this computes the same thing for the configurations bigembed.train.native_step
+// The eager path (bigembed.kernels.step.BatchTrainer.step with bigembed.model.fused) is the
+// reference; this computes the same thing for the configurations bigembed.kernels.native.step
 // admits: standard (non-dynamic) relations with the identity, translation or diagonal operator
 // on the rhs side, dot or cos comparator without bias, no global embeddings, no regulariser,
 // no max_norm, fp32, ranking / softmax / logistic loss over batch negatives (chunks of
@@ -16,7 +16,7 @@
 // batch negatives within one uniform group) is scored, turned into score gradients and
 // backpropagated while it is in cache.
 //
-// Built by bigembed.train.native_build with the system C++ compiler; plain C ABI (ctypes).
+// Built by bigembed.kernels.native.build with the system C++ compiler; plain C ABI (ctypes).
 
 #include <cmath>
 #include <cstdint>
@@ -44,7 +44,7 @@ static const float ADAGRAD_EPS = 1e-10f;
 
 extern "C" {
 
-// Field order and types match bigembed.train.native_step._Args (ctypes).
+// Field order and types match bigembed.kernels.native.step._Args (ctypes).
 struct StepArgs {
     float* lhs_emb;
     float* lhs_state;
@@ -83,7 +83,7 @@ struct StepArgs {
     int64_t violators_rhs;
 };
 
-// Field order and types match bigembed.train.native_eval._EvalArgs (ctypes). One corrupted
+// Field order and types match bigembed.kernels.native.eval._EvalArgs (ctypes). One corrupted
 // side of one batch of the withheld-edge eval: scores only, no update.
 struct EvalArgs {
     const float* lhs_emb;
@@ -590,9 +590,9 @@ extern "C" int bigembed_native_step(StepArgs* a) {
 }
 
 // ------------------------------------------------------------------ withheld-edge eval
-// bigembed.buckets.sampled_ranking.eval_unit is the reference: the same scores (up to the
+// bigembed.ranking.sampled.eval_unit is the reference: the same scores (up to the
 // products' float rounding), the masks of bigembed.model.negatives (own positive and a short
-// chunk's padding at -1e9), the counts of bigembed.buckets.metrics.ranks_and_auc (a negative
+// chunk's padding at -1e9), the counts of bigembed.ranking.metrics.ranks_and_auc (a negative
 // counts only if its score is above -1e9 / 2; ties count against the positive) and the loss of
 // bigembed.model.losses per positive. No backward, no update.
 

@@ -1,4 +1,4 @@
-"""Calibrating the cost model (:mod:`bigembed.buckets.cost`): seconds per edge, not counts.
+"""Calibrating the cost model (:mod:`bigembed.train.memory.cost`): seconds per edge, not counts.
 
 The analytic per-edge costs count multiply-adds; on a real CPU a ``d × d`` matrix product is
 relatively cheaper than its count says and gathers relatively dearer. Two ways to measure:
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from bigembed.buckets.batching import Batch
-from bigembed.buckets.cost import CostModel, Signature, signature_of
 from bigembed.buckets.negative_settings import negative_settings
 from bigembed.config import ConfigSchema, model_spec
+from bigembed.kernels.step import BatchTrainer, Table
 from bigembed.model.scoring import ScoringModel
-from bigembed.train.step import BatchTrainer, Table
+from bigembed.train.memory.cost import CostModel, Signature, signature_of
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import torch
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError, PeerError
+from bigembed.kernels.step import Table
 from bigembed.partition_keys import PartitionKey
-from bigembed.train.partition_io import Job, PartitionIO, TransferTimeout
-from bigembed.train.step import Table
+from bigembed.train.memory.partition_io import Job, PartitionIO, TransferTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class PartitionStore:
     a capacity, a partition is evicted only to make room, the one used furthest in the future
     (:meth:`plan` gives the future; without it, the least recently used). ``background``
     writes evicted partitions back and reads the next bucket's partitions in background threads
-    while the current bucket trains (see :mod:`bigembed.train.partition_io`).
+    while the current bucket trains (see :mod:`bigembed.train.memory.partition_io`).
 
     ``managed`` (distributed mode): :meth:`ensure` evicts nothing; the bucket source gives
     partitions back with :meth:`write_back` (and releases their locks once written) and, with
@@ -99,7 +99,7 @@ class PartitionStore:
     training thread with each partition (key, table) taken out of the resident set; the
     callable it returns is called once the table is written back and before it counts as freed
     (the Hogwild workers keep the tables they were sent mapped until then; see
-    :mod:`bigembed.train.worker_cache`).
+    :mod:`bigembed.train.hogwild.cache`).
     """
 
     def __init__(

@@ -5,14 +5,14 @@ PBG's ``eval_fraction`` ranks each bucket's withheld edges before and after trai
 edge. On small-dimension graphs the eager scoring (score blocks, then separate passes for the
 loss and the rank counts) took about half of a training epoch once the training step was
 native. The kernel scores one corrupted side of one batch (an eval *unit*, see
-:class:`bigembed.buckets.sampled_ranking.EvalPlan`) in tiles of rows held in cache: the
+:class:`bigembed.ranking.sampled.EvalPlan`) in tiles of rows held in cache: the
 gathers, the global embedding, the operator and the ``cos`` normalisation of the training
 kernel, register-blocked products against packed negatives, and one pass per score row for
 the masks, the rank counts and the loss. No backward, no update.
 
-It returns per positive what :func:`bigembed.buckets.metrics.ranks_and_auc` and the loss count
+It returns per positive what :func:`bigembed.ranking.metrics.ranks_and_auc` and the loss count
 (unmasked negatives scoring at least as high, below, and in all; the loss before the edge
-weight); :func:`bigembed.buckets.sampled_ranking.eval_unit`, handed the kernel as its
+weight); :func:`bigembed.ranking.sampled.eval_unit`, handed the kernel as its
 ``scorer`` by training (the withheld-edge eval observer, the Hogwild workers), turns them into
 the same sums as the eager path. It applies to a unit when (else the eager path, the
 reference, runs):
@@ -21,8 +21,8 @@ reference, runs):
   or ``diagonal`` and without ``all_negs``;
 * comparator ``dot`` or ``cos`` without ``bias``; loss ``ranking``, ``softmax`` or
   ``logistic``; ``compute_dtype: float32``; dimension at most
-  :data:`bigembed.train.native_step.MAX_DIMENSION`;
-* the native library could be built (:mod:`bigembed.train.native_build`; ``BIGEMBED_NATIVE=0``
+  :data:`bigembed.kernels.native.step.MAX_DIMENSION`;
+* the native library could be built (:mod:`bigembed.kernels.native.build`; ``BIGEMBED_NATIVE=0``
   turns it off).
 
 Regularisation, ``max_norm`` and dropout do not enter the eval's scores, so unlike the training
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.buckets.sampled_ranking import SideCounts
+from bigembed.kernels.native.build import native_library
+from bigembed.kernels.native.step import MAX_DIMENSION, NATIVE_LOSS_KINDS, relation_plan
 from bigembed.model.comparators import CosComparator
 from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.train.native_build import native_library
-from bigembed.train.native_step import MAX_DIMENSION, NATIVE_LOSS_KINDS, relation_plan
+from bigembed.ranking.sampled import SideCounts
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -67,7 +67,7 @@ def _model_supported(model: ScoringModel) -> bool:
 
 class NativeEval:
     """The eval kernel bound to one model and the eval's negative settings: a
-    :class:`bigembed.buckets.sampled_ranking.SideScorer`."""
+    :class:`bigembed.ranking.sampled.SideScorer`."""
 
     def __init__(self, lib: ctypes.CDLL, model: ScoringModel, negs: NegativeSettings) -> None:
         self.lib = lib

@@ -16,7 +16,7 @@ It applies to a batch when (else the eager path, the reference, runs):
 * uniform negatives (``num_uniform_negs > 0``), at most :data:`MAX_NEGATIVES` negatives per
   positive and dimension at most :data:`MAX_DIMENSION` (beyond that torch's products, on
   more threads, are the better choice);
-* the native library could be built (:mod:`bigembed.train.native_build`; ``BIGEMBED_NATIVE=0``
+* the native library could be built (:mod:`bigembed.kernels.native.build`; ``BIGEMBED_NATIVE=0``
   turns it off).
 
 Results match the eager step to float rounding (tests/test_native_step.py): the products and
@@ -34,10 +34,10 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.gather import draw_uniform
+from bigembed.kernels.native.build import native_library
 from bigembed.model.comparators import CosComparator
 from bigembed.model.operators import DiagonalOperator, IdentityOperator, TranslationOperator
 from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.train.native_build import native_library
 
 #: Negatives per positive (batch + uniform) above which the eager path runs.
 MAX_NEGATIVES = 512

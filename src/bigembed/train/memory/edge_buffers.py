@@ -4,7 +4,7 @@ Preparing a bucket (reading its chunk, withholding the eval edges, shuffling, pl
 batches, putting the edges in plan order) happens before its training, in the edge read-ahead
 thread while the previous bucket trains (:class:`bigembed.train.loop.TrainingLoop`). With
 several workers the result is written into an :class:`EdgeBuffer` in shared memory that the
-workers map once and keep (:mod:`bigembed.train.worker_cache`): two buffers are enough, one
+workers map once and keep (:mod:`bigembed.train.hogwild.cache`): two buffers are enough, one
 for the bucket training and one for the bucket being prepared, so after the first buckets no
 new shared memory is created or sent per bucket. A buffer grows (a new one, 25% larger) when a
 bucket does not fit.

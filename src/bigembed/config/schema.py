@@ -13,8 +13,8 @@ in the direction of failing early with a clear message instead of crashing mid-r
 
 bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout``,
 the ``communication`` section (see their descriptions). Value parsing lives in
-:mod:`bigembed.config_types`; file reading, ``-p`` overrides, error formatting and help text in
-:mod:`bigembed.config_loading`.
+:mod:`bigembed.config.types`; file reading, ``-p`` overrides, error formatting and help text in
+:mod:`bigembed.config.loading`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from bigembed.config_loading import (
+from bigembed.config.loading import (
     apply_overrides,
     describe_keys,
     format_table,
@@ -39,7 +39,7 @@ from bigembed.config_loading import (
     read_config_file,
     snake_case_keys,
 )
-from bigembed.config_types import (
+from bigembed.config.types import (
     Bool,
     BucketOrder,
     Bytes,

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch, make_batches
 from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_side
-from bigembed.buckets.metrics import RankingSums, ranks_and_auc
 from bigembed.model.comparators import CosComparator, DotComparator
 from bigembed.model.negatives import batch_negative_unmasked
 from bigembed.model.scoring import (
@@ -33,6 +32,7 @@ from bigembed.model.scoring import (
     ScoringModel,
 )
 from bigembed.partition_keys import BucketSides, PartitionKey
+from bigembed.ranking.metrics import RankingSums, ranks_and_auc
 
 
 class EmbeddingTable(Protocol):
@@ -182,7 +182,7 @@ class SideCounts:
 
 class SideScorer(Protocol):
     """Another implementation of a unit's scoring (training's native kernel,
-    :class:`bigembed.train.native_eval.NativeEval`)."""
+    :class:`bigembed.kernels.native.eval.NativeEval`)."""
 
     def side(
         self,
@@ -319,7 +319,7 @@ def evaluate_edges(
     """Rank each edge against its negatives on both sides; returns the summed metrics.
 
     The units of the eval (:class:`EvalPlan`) run here, or in ``run_units`` if given (training
-    hands its Hogwild pool: :meth:`bigembed.train.hogwild.HogwildPool.run_eval`), with the
+    hands its Hogwild pool: :meth:`bigembed.train.hogwild.pool.HogwildPool.run_eval`), with the
     same results: each unit scores one side of one batch as :meth:`ScoringModel.forward` does
     and counts its ranks with one comparison pass when its unmasked negatives are known, or
     has ``scorer`` (training's native kernel) score it.

@@ -8,7 +8,7 @@ What is resident during training (docs/training.md, "Memory model"):
 * the edges: preparing a bucket chunk (the loaded arrays, their int64 copies, the shuffle and
   the batch plan: ``EDGE_BYTES`` per edge of the largest bucket chunk) and the prepared
   edges held for the workers (``EDGE_BUFFER_BYTES`` per edge each; see
-  :mod:`bigembed.train.edge_buffers`): one bucket's, or with read-ahead
+  :mod:`bigembed.train.memory.edge_buffers`): one bucket's, or with read-ahead
   (``partition_prefetch``) two, the one training and the next one, prepared meanwhile;
 * ``capacity`` partitioned tables (embeddings + one Adagrad float per row): the resident
   partitions, the one being read ahead and the one being written back all count.

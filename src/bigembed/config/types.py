@@ -190,7 +190,7 @@ TuneParamType = Annotated[str, OneOf(("float", "int", "categorical"))]
 StrategyName = Annotated[str, OneOf(STRATEGY_NAMES)]
 PartitionPrecisionName = Annotated[str, OneOf(PARTITION_PRECISION_NAMES)]
 BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
-#: ``load_balancing``: ``cost`` balances work by the cost model (:mod:`bigembed.buckets.cost`);
+#: ``load_balancing``: ``cost`` balances work by the cost model (:mod:`bigembed.train.memory.cost`);
 #: ``pbg`` keeps PBG's schedule (lock grants by partition affinity then edge count, Hogwild
 #: workers each given an even slice of the bucket).
 LoadBalancingName = Literal["cost", "pbg"]

@@ -9,7 +9,7 @@ The per-edge costs come from one of two sources:
 
 * :meth:`CostModel.analytic`: multiply-adds per edge, from the config alone (no timing);
 * :meth:`CostModel.calibrated`: seconds per edge measured by a tiny timing run of the real step
-  (:mod:`bigembed.train.cost_calibration`), one figure per *signature* (operator, all_negs),
+  (:mod:`bigembed.train.memory.cost_calibration`), one figure per *signature* (operator, all_negs),
   since relations with the same signature cost the same.
 
 Relations are told apart per bucket by counting each relation id in the bucket's ``rel``

@@ -13,7 +13,7 @@ Example::
     >>> model.vector("/m/0f8l9c").shape
     (400,)
 
-Scores are the model's own (see :mod:`bigembed.eval.directions`): in standard mode an edge
+Scores are the model's own (see :mod:`bigembed.ranking.directions`): in standard mode an edge
 has one score; with ``dynamic_relations`` it has two, the one used to rank tails
 (``side="rhs"``) and the one used to rank heads (``side="lhs"``); :meth:`EmbeddingModel.score`
 averages them unless told which. Predictions rank *every* entity of the type across all
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bigembed.checkpoints.inference import DEFAULT_CACHE_BYTES, open_for_inference
 from bigembed.checkpoints.reading import TrainedModel
 from bigembed.checkpoints.tables import EntityTables
 from bigembed.errors import InputError
-from bigembed.eval.directions import direction, pair_scores
-from bigembed.eval.filters import KnownEdges
-from bigembed.inference import DEFAULT_CACHE_BYTES, open_for_inference
-from bigembed.nearest import RunningTopK, faiss_available, faiss_topk
+from bigembed.ranking.directions import direction, pair_scores
+from bigembed.ranking.filters import KnownEdges
+from bigembed.serving.nearest import RunningTopK, faiss_available, faiss_topk
 from bigembed.storage import EntityStore
 
 logger = logging.getLogger(__name__)
@@ -473,7 +473,7 @@ class EmbeddingModel:
         )
         if paths not in self._known:
             from bigembed.eval.edge_input import EdgeLoader
-            from bigembed.eval.ranking import EvalEdges
+            from bigembed.ranking.full import EvalEdges
 
             loader = EdgeLoader(self.trained, entity_path=self.store.path)
             edges = EvalEdges.concat([loader.load(p).edges for p in paths])
@@ -530,7 +530,7 @@ def example_predictions(
     with ``*`` and gives its raw rank among all entities of its type.
     """
     from bigembed.eval.edge_input import EdgeLoader
-    from bigembed.eval.ranking import EvalEdges, rank_edges
+    from bigembed.ranking.full import EvalEdges, rank_edges
 
     path = edge_path if edge_path is not None else model.config.edge_paths[0]
     edges = EdgeLoader(model.trained, entity_path=model.store.path).load(path).edges

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.eval.directions import direction, pair_scores
-from bigembed.eval.filters import KnownEdges
 from bigembed.model.comparators import Comparator, DotComparator
 from bigembed.model.scoring import ScoringModel
+from bigembed.ranking.directions import direction, pair_scores
+from bigembed.ranking.filters import KnownEdges
 
 EmbeddingSource = Callable[[str, int], Tensor]
 """``source(entity_type, partition)`` -> that partition's stored embeddings ``(count, dim)``."""

@@ -1,7 +1,7 @@
 """Worker processes: started cheaply, and dying with the trainer whatever happens.
 
 **Start.** Workers are forked from a *forkserver* that imported the worker code once
-(:func:`worker_context`; ``bigembed.train.forkserver_preload``): a process importing torch
+(:func:`worker_context`; ``bigembed.train.hogwild.preload``): a process importing torch
 costs ~3 s of CPU here, which ``spawn`` paid in every worker of every run, and a program that
 trains several times (the Python API, ``bigembed tune``, a test suite) pays it once. The
 forkserver is a fresh single-threaded process (no OpenMP pool to break by forking). Where
@@ -42,7 +42,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 POLL_SECONDS = 1.0
 #: The module the forkserver imports before it forks any worker.
-PRELOAD = "bigembed.train.forkserver_preload"
+PRELOAD = "bigembed.train.hogwild.preload"
 
 
 def worker_context() -> Any:
@@ -144,6 +144,6 @@ def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: 
     # interruption into a "worker died" error.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from bigembed.train.hogwild import worker_main
+    from bigembed.train.hogwild.pool import worker_main
 
     worker_main(rank, tasks, results, *shared)

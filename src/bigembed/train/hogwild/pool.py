@@ -2,8 +2,8 @@
 
 A pool of ``workers`` processes (forked once per pool from a preloaded forkserver, one torch
 thread each) receives, per bucket, the shared-memory tables and the shuffled edges (each object
-sent once and then named by a token, see :mod:`bigembed.train.worker_cache`; the edges in
-reused buffers, :mod:`bigembed.train.edge_buffers`), trains its part of them, and reports
+sent once and then named by a token, see :mod:`bigembed.train.hogwild.cache`; the edges in
+reused buffers, :mod:`bigembed.train.memory.edge_buffers`), trains its part of them, and reports
 stats. How the edges are split (config ``load_balancing``):
 
 * ``cost`` (work stealing): the trainer plans the bucket's batches once
@@ -21,7 +21,7 @@ one batch each, are taken from the same shared counter.
 
 Progress is published through a small shared tensor so the parent can draw a live progress bar.
 With one worker everything runs in the calling process. Workers die with the trainer, even one
-killed while they start up (see :mod:`bigembed.train.worker_guard`).
+killed while they start up (see :mod:`bigembed.train.hogwild.guard`).
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
-from bigembed.buckets.sampled_ranking import EvalPlan, UnitResult, eval_unit
 from bigembed.errors import BigembedError
+from bigembed.kernels.native.eval import NativeEval
+from bigembed.kernels.step import BatchTrainer, StepStats, Table
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
-from bigembed.train.batch_gate import BatchGate
-from bigembed.train.edge_buffers import EdgeBuffer, EdgeBuffers, PreparedEdges
-from bigembed.train.malloc_tuning import keep_freed_memory
-from bigembed.train.native_eval import NativeEval
-from bigembed.train.step import BatchTrainer, StepStats, Table
-from bigembed.train.worker_cache import Drop, Handle, SentObjects, WorkerCache
-from bigembed.train.worker_guard import adopt_environment, worker_context, worker_entry
+from bigembed.ranking.sampled import EvalPlan, UnitResult, eval_unit
+from bigembed.train.hogwild.cache import Drop, Handle, SentObjects, WorkerCache
+from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train.hogwild.guard import adopt_environment, worker_context, worker_entry
+from bigembed.train.hogwild.malloc import keep_freed_memory
+from bigembed.train.memory.edge_buffers import EdgeBuffer, EdgeBuffers, PreparedEdges
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class BucketTask:
 @dataclass
 class BucketMessage:
     """A :class:`BucketTask` as sent to a worker: the tables and the edge buffer as handles
-    (see :mod:`bigembed.train.worker_cache`), the edges being the first ``count`` rows."""
+    (see :mod:`bigembed.train.hogwild.cache`), the edges being the first ``count`` rows."""
 
     tables: dict[PartitionKey, Handle[Table]]
     sides: list[tuple[PartitionKey, PartitionKey]]
@@ -132,7 +132,7 @@ class EvalMessage:
 @dataclass
 class EvalTask:
     """A withheld-edge eval for the workers: the units of ``plan`` (see
-    :class:`~bigembed.buckets.sampled_ranking.EvalPlan`), taken from the batch queue (work
+    :class:`~bigembed.ranking.sampled.EvalPlan`), taken from the batch queue (work
     stealing) or, without it, every ``workers``-th unit from the worker's rank."""
 
     tables: dict[PartitionKey, Table]
@@ -268,7 +268,7 @@ def worker_main(
     kept in a :class:`WorkerCache` until a :class:`Drop` names them (acknowledged in the
     board's ``ACK`` column when it has a sequence number).
 
-    Runs after :func:`bigembed.train.worker_guard.worker_entry` has tied the process's life to
+    Runs after :func:`bigembed.train.hogwild.guard.worker_entry` has tied the process's life to
     the trainer's.
     """
     setup, board, environ = tasks.get()
@@ -331,7 +331,7 @@ class HogwildPool:
         self.last_busy: list[float] = []  # per worker: seconds busy in the last run()
         self._procs: list[BaseProcess] = []
         self._batches: BatchQueue | None = None
-        self.sent = SentObjects()  # what every worker holds (see bigembed.train.worker_cache)
+        self.sent = SentObjects()  # what every worker holds (see bigembed.train.hogwild.cache)
         self.buffers = EdgeBuffers()
         self._drop_lock = threading.Lock()
         self._drop_seq = 0
@@ -366,7 +366,7 @@ class HogwildPool:
     ) -> PreparedEdges:
         """The given (already shuffled) edges made ready for :meth:`train`: with work stealing
         the batch plan, and with several workers the edges in plan order in a shared
-        :class:`~bigembed.train.edge_buffers.EdgeBuffer`. Safe to call from another thread
+        :class:`~bigembed.train.memory.edge_buffers.EdgeBuffer`. Safe to call from another thread
         while a bucket trains (the loop's edge read-ahead)."""
         if self.workers == 1:
             return PreparedEdges(lhs, rhs, rel, weight, seed)

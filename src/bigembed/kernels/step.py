@@ -9,6 +9,9 @@ from torch import Tensor
 
 from bigembed.buckets.batching import Batch
 from bigembed.buckets.gather import gather_rows, gather_side
+from bigembed.kernels.all_rows import all_rows_adagrad_update, whole_table_gradient
+from bigembed.kernels.native.step import NativeStep
+from bigembed.kernels.optimizers import dense_adagrad_update, row_adagrad_update
 from bigembed.model.scoring import (
     BatchScores,
     NegativeSettings,
@@ -16,9 +19,6 @@ from bigembed.model.scoring import (
     ScoringModel,
     SideEmbeddings,
 )
-from bigembed.train.all_rows import all_rows_adagrad_update, whole_table_gradient
-from bigembed.train.native_step import NativeStep
-from bigembed.train.optimizers import dense_adagrad_update, row_adagrad_update
 
 
 @dataclass
@@ -59,7 +59,7 @@ class BatchTrainer:
         native: bool = True,
     ) -> None:
         """``native``: use the native step kernel for the batches it supports
-        (:mod:`bigembed.train.native_step`); False keeps every batch on the eager path."""
+        (:mod:`bigembed.kernels.native.step`); False keeps every batch on the eager path."""
         self.model = model
         self.params = [p for p in model.parameters()]
         self.model_states = model_states
@@ -176,7 +176,7 @@ class BatchTrainer:
     def _update_all_rows(
         self, lhs: Table, rhs: Table, lhs_side: SideEmbeddings, rhs_side: SideEmbeddings
     ) -> None:
-        """The dense update of :mod:`bigembed.train.all_rows` (both sides summed first when
+        """The dense update of :mod:`bigembed.kernels.all_rows` (both sides summed first when
         they share one table)."""
         grads = [whole_table_gradient(lhs_side), whole_table_gradient(rhs_side)]
         if lhs.emb is rhs.emb and grads[0] is not None and grads[1] is not None:

@@ -1,0 +1,1 @@
+"""Everything that ranks and measures: sampled ranking, full filtered ranking, the metrics."""

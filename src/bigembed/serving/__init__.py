@@ -1,0 +1,1 @@
+"""A trained model answering queries: ``bigembed.load``, predict, similar, nearest neighbours."""

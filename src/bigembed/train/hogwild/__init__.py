@@ -1,0 +1,1 @@
+"""Hogwild workers: the trainer-side pool, the worker loop, the guard, preload, caches, gates."""
