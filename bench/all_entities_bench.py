@@ -24,12 +24,10 @@ from unittest import mock
 
 import torch
 
-from bigembed.buckets.batching import Batch
-from bigembed.kernels.optimizers import row_adagrad_update
-from bigembed.kernels.step import BatchTrainer, Table
-from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
-from bigembed.model.spec import ModelSpec, RelationSpec
-from bigembed.train.hogwild.malloc import keep_freed_memory
+from bigembed.buckets import Batch
+from bigembed.kernels import BatchTrainer, Table, row_adagrad_update
+from bigembed.model import ModelSpec, NegativeSettings, RelationSpec, ScoringModel, SideEmbeddings
+from bigembed.train import keep_freed_memory
 
 SHAPES = {  # name: (entities, relations)
     "FB15k-237": (14_541, 237),

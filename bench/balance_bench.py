@@ -57,13 +57,15 @@ import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bigembed.checkpoints.store import CheckpointStore  # noqa: E402
+from bigembed.checkpoints import CheckpointStore  # noqa: E402
 from bigembed.config import config_to_dict, parse_config_dict  # noqa: E402
-from bigembed.storage import EdgeStore  # noqa: E402
-from bigembed.storage.edges import write_edge_manifest  # noqa: E402
-from bigembed.storage.entities import write_entity_store  # noqa: E402
-from bigembed.storage.format import bucket_dir  # noqa: E402
-from bigembed.train.records import read_training_log  # noqa: E402
+from bigembed.storage import (  # noqa: E402
+    EdgeStore,
+    bucket_dir,
+    write_edge_manifest,
+    write_entity_store,
+)
+from bigembed.train import read_training_log  # noqa: E402
 
 RELATIONS = [
     # name, lhs, rhs, operator, share of the edges

@@ -50,9 +50,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import netns  # noqa: E402
 
-from bigembed.checkpoints.store import CheckpointStore  # noqa: E402
+from bigembed.checkpoints import CheckpointStore  # noqa: E402
 from bigembed.config import STRATEGY_NAMES, config_to_dict  # noqa: E402
-from bigembed.train.records import read_training_log  # noqa: E402
+from bigembed.train import read_training_log  # noqa: E402
 from synthetic import graph_config  # noqa: E402
 from test_dist_sharing import planted, write_buckets  # noqa: E402
 

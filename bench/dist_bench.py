@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bigembed.checkpoints.store import CheckpointStore  # noqa: E402
+from bigembed.checkpoints import CheckpointStore  # noqa: E402
 from bigembed.config import config_to_dict  # noqa: E402
-from bigembed.train.records import read_training_log  # noqa: E402
+from bigembed.train import read_training_log  # noqa: E402
 from synthetic import graph_config, write_graph  # noqa: E402
 
 RUNS = [

@@ -62,11 +62,15 @@ def ensure_import(work: Path) -> None:
 def untrained_checkpoint(work: Path, cfg) -> Path:
     """A committed checkpoint with random embeddings and the config's model (not trained)."""
     from bigembed.atomic import atomic_write_text
-    from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
-    from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
+    from bigembed.checkpoints import (
+        VERSION_FILE,
+        CheckpointMetadata,
+        CheckpointStore,
+        IterationPosition,
+    )
     from bigembed.config import config_to_dict, model_spec
-    from bigembed.model.scoring import ScoringModel
-    from bigembed.storage.entities import EntityStore
+    from bigembed.model import ScoringModel
+    from bigembed.storage import EntityStore
 
     path = Path(cfg.checkpoint_path)
     if (path / VERSION_FILE).exists():
@@ -99,12 +103,9 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
 
 def in_process(cfg, ckpt: Path, work: Path) -> dict[str, float]:
     """Stage timings of one evaluation, with the same parts `bigembed eval` uses."""
-    from bigembed.checkpoints.reading import load_trained
-    from bigembed.checkpoints.tables import EntityTables
-    from bigembed.eval.edge_input import EdgeLoader
-    from bigembed.ranking.filters import KnownEdges
-    from bigembed.ranking.full import EvalEdges, rank_edges
-    from bigembed.ranking.metrics import summarize
+    from bigembed.checkpoints import EntityTables, load_trained
+    from bigembed.eval import EdgeLoader
+    from bigembed.ranking import EvalEdges, KnownEdges, rank_edges, summarize
 
     t0 = time.perf_counter()
     trained = load_trained(ckpt)

@@ -87,7 +87,7 @@ def run_measured(argv: list[str]) -> tuple[float, float, float, str]:
 def child(config: str, data: str) -> None:
     """Run one import through the Python API and print its own timing as JSON."""
     from bigembed.config import load_config
-    from bigembed.importing.importer import ImportOptions, run_import
+    from bigembed.importing import ImportOptions, run_import
 
     cfg = load_config(config)
     start = time.perf_counter()

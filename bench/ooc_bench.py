@@ -155,9 +155,9 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from bigembed.checkpoints.store import CheckpointStore
+    from bigembed.checkpoints import CheckpointStore
     from bigembed.config import load_config
-    from bigembed.train.records import read_training_log
+    from bigembed.train import read_training_log
 
     cfg = load_config(args.config, overrides=args.param)
     ckpt = Path(cfg.checkpoint_path)

@@ -98,8 +98,7 @@ def skip_line(venv: Path) -> str:
 def export_edges(py: Path, entity_path: Path, edge_path: Path, out: Path) -> tuple[Path, Path]:
     """Write bigembed's imported ``entity_path`` counts and ``edge_path`` buckets in PBG's
     layout under ``out``; returns PBG's (entity dir, edge dir). Skipped when already written."""
-    from bigembed.storage.edges import EdgeStore
-    from bigembed.storage.entities import EntityStore
+    from bigembed.storage import EdgeStore, EntityStore
 
     ent_dir, edge_dir = out / "entities", out / "edges"
     done = out / "done"

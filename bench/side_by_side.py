@@ -62,8 +62,8 @@ def steady(epoch_seconds: list[float], epoch_edges: list[int]) -> tuple[float, f
 
 def bigembed_epochs(ckpt: Path) -> tuple[list[float], list[int]]:
     """Each epoch's seconds and edges from a bigembed checkpoint's training log."""
-    from bigembed.checkpoints.store import CheckpointStore
-    from bigembed.train.records import read_training_log
+    from bigembed.checkpoints import CheckpointStore
+    from bigembed.train import read_training_log
 
     steps = read_training_log(CheckpointStore(ckpt)).steps
     return [s.seconds for s in steps], [s.stats.count for s in steps]
@@ -100,7 +100,7 @@ def run_pbg(
 
 def pbg_to_bigembed(ckpt: Path, ent_dir: Path, work: Path) -> Path:
     """PBG's checkpoint converted to bigembed's layout (for the same evaluation)."""
-    from bigembed.interop.pbg import from_pbg
+    from bigembed.interop import from_pbg
 
     out = work / "converted"
     from_pbg(ckpt, ent_dir, out / "model", out / "entities", force=True)
@@ -130,8 +130,8 @@ def epoch_breakdown(ckpt: Path) -> str:
     idle time (the workers' wall time less their mean busy time: dispatch, start-up, the last
     batches' imbalance), the withheld-edge eval and the observers (the rest of each bucket),
     and the step's own work outside buckets (saving the checkpoint)."""
-    from bigembed.checkpoints.store import CheckpointStore
-    from bigembed.train.records import read_training_log
+    from bigembed.checkpoints import CheckpointStore
+    from bigembed.train import read_training_log
 
     log = read_training_log(CheckpointStore(ckpt))
     steps = log.steps[1:] if len(log.steps) > 1 else log.steps

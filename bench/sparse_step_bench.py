@@ -25,12 +25,11 @@ from pathlib import Path
 import torch
 from sparse_bench import NODES, write_config
 
-from bigembed.buckets.batching import Batch
-from bigembed.buckets.negative_settings import negative_settings
+from bigembed.buckets import Batch, negative_settings
 from bigembed.config import load_config, model_spec
-from bigembed.kernels.step import BatchTrainer, Table
-from bigembed.model.scoring import ScoringModel
-from bigembed.train.hogwild.malloc import keep_freed_memory
+from bigembed.kernels import BatchTrainer, Table
+from bigembed.model import ScoringModel
+from bigembed.train import keep_freed_memory
 
 ROWS = NODES // 4
 

@@ -24,12 +24,11 @@ from unittest import mock
 import torch
 from peaks import mm_peak, peaks_line
 
-from bigembed.buckets.batching import Batch
-from bigembed.buckets.negative_settings import negative_settings
+from bigembed.buckets import Batch, negative_settings
 from bigembed.config import load_config, model_spec
-from bigembed.kernels.step import BatchTrainer, Table
-from bigembed.model.scoring import ScoringModel
-from bigembed.train.hogwild.malloc import keep_freed_memory
+from bigembed.kernels import BatchTrainer, Table
+from bigembed.model import ScoringModel
+from bigembed.train import keep_freed_memory
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "fb15k237.yaml"
 ENTITIES, RELATIONS = 14_541, 237

@@ -139,11 +139,9 @@ def main() -> int:
 
 
 def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
-    from bigembed.checkpoints.reading import load_trained
-    from bigembed.ranking.filters import KnownEdges
-    from bigembed.ranking.full import EvalEdges, rank_edges
-    from bigembed.ranking.metrics import RankingSums
-    from bigembed.storage.edges import EdgeStore
+    from bigembed.checkpoints import load_trained
+    from bigembed.ranking import EvalEdges, KnownEdges, RankingSums, rank_edges
+    from bigembed.storage import EdgeStore
 
     tm = load_trained(ckpt)
 

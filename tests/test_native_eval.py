@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from bigembed.kernels.native import build as native_build
+from bigembed.kernels.native import eval as native_eval
 from bigembed.kernels.native.eval import NativeEval
 from bigembed.kernels.step import Table
 from bigembed.model.scoring import NegativeSettings, ScoringModel
@@ -27,7 +29,6 @@ from bigembed.ranking.sampled import (
     plan_eval,
     score_batches,
 )
-from bigembed.train import native_build, native_eval
 
 DIM = 16
 SIDES = [(("e", 0), ("e", 1))]

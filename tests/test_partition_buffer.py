@@ -33,8 +33,8 @@ from bigembed.config import parse_config_dict
 from bigembed.errors import BigembedError
 from bigembed.kernels.step import Table
 from bigembed.partition_keys import PartitionKey
-from bigembed.train import partition_io
 from bigembed.train.loop import Trainer
+from bigembed.train.memory import partition_io
 from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.memory.budget import plan_memory
 from bigembed.train.memory.partitions import PartitionStore, init_embeddings
@@ -407,7 +407,7 @@ def test_every_swap_of_the_staggered_order_has_slack(
     the pass included), with the same loads per pass as the order it starts from: swaps with
     no slack are at most 2.5% of all, and the shortfall below 3 buckets of slack (summed over
     the swaps) is at most 3/4 of the unmoved order's."""
-    from bigembed.train import bucket_order as orders
+    from bigembed.train.memory import bucket_order as orders
 
     for seed in range(3):
         order = bucket_order("buffer", nparts, nparts, random.Random(seed), c, read_ahead=True)

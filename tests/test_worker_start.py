@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bigembed.train import hogwild, native_build
+from bigembed.kernels.native import build as native_build
+from bigembed.train.hogwild import pool as hogwild
 from bigembed.train.loop import train
 from synthetic import graph_config, write_graph
 

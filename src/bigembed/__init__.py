@@ -12,12 +12,12 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load"]
 
 if TYPE_CHECKING:
-    from bigembed.serving.query import load
+    from bigembed.serving import load
 
 
 def __getattr__(name: str) -> Any:
     if name == "load":
-        from bigembed.serving.query import load
+        from bigembed.serving import load
 
         return load
     raise AttributeError(f"module 'bigembed' has no attribute {name!r}")

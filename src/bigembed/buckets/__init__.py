@@ -11,3 +11,23 @@ The key types (``PartitionKey``, ``Bucket``) live at the bottom, in :mod:`bigemb
   withheld-edge eval of training and the ``sampled`` protocol of ``bigembed eval`` both do;
 * :mod:`~bigembed.ranking.metrics`: ranks from scores and the ranking metrics.
 """
+
+from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
+from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_rows, gather_side
+from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
+from bigembed.buckets.negative_settings import negative_settings
+
+__all__ = [
+    "Batch",
+    "batch_plan",
+    "bucket_sides",
+    "chunk_sizes",
+    "draw_uniform",
+    "gather_drawn",
+    "gather_rows",
+    "gather_side",
+    "make_batches",
+    "negative_settings",
+    "partitions_per_side",
+    "planned_batch",
+]

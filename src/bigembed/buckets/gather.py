@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bigembed.model.scoring import NegativeSettings, SideEmbeddings
+from bigembed.model import NegativeSettings, SideEmbeddings
 
 
 def gather_rows(table: Tensor, idx: Tensor, max_norm: float | None, grad: bool = True) -> Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bigembed.config import ConfigSchema
-from bigembed.model.scoring import NegativeSettings
+from bigembed.model import NegativeSettings
 
 
 def negative_settings(cfg: ConfigSchema, for_eval: bool = False) -> NegativeSettings:

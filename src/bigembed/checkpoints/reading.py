@@ -23,7 +23,7 @@ from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, c
 from bigembed.checkpoints.store import BEST_DIR, BEST_FILE, CheckpointStore, npy_header
 from bigembed.config import ConfigSchema, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.model.scoring import ScoringModel
+from bigembed.model import ScoringModel
 from bigembed.storage import EntityStore
 
 VERSIONS = ("latest", "best")

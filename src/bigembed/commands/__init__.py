@@ -1,0 +1,1 @@
+"""One module per ``bigembed`` subcommand: parses its arguments, calls the library, prints."""

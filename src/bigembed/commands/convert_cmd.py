@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.interop.pbg import from_pbg, to_pbg
+    from bigembed.interop import from_pbg, to_pbg
 
     if args.direction == "from-pbg":
         summary = from_pbg(

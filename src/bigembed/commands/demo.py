@@ -48,8 +48,8 @@ def _overrides(args: argparse.Namespace, work: Path, edge_paths: list[Path]) -> 
 
 def run(args: argparse.Namespace) -> int:
     from bigembed.config import load_config
-    from bigembed.importing.importer import ImportOptions, run_import
-    from bigembed.train.loop import train
+    from bigembed.importing import ImportOptions, run_import
+    from bigembed.train import train
 
     work = Path(args.workdir).resolve()
     if args.fresh and work.exists():
@@ -100,9 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _plot_curves(cfg, work: Path) -> Path | None:
     """The loss curve of the run as a PNG next to the results (None if there are no stats)."""
-    from bigembed.checkpoints.store import CheckpointStore
-    from bigembed.train.plotting import plot_training
-    from bigembed.train.records import read_training_log
+    from bigembed.checkpoints import CheckpointStore
+    from bigembed.train import plot_training, read_training_log
 
     store = CheckpointStore(cfg.checkpoint_path)
     log = read_training_log(store, max_version=store.committed_version())
@@ -114,7 +113,7 @@ def _plot_curves(cfg, work: Path) -> Path | None:
 
 
 def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> None:
-    from bigembed.eval.report import evaluate_checkpoint
+    from bigembed.eval import evaluate_checkpoint
 
     report = evaluate_checkpoint(
         cfg, edge_paths=[splits[2]], filter_paths=splits, progress=progress
@@ -123,7 +122,7 @@ def _evaluate_and_show(cfg, work: Path, splits: list[Path], progress: bool) -> N
     out = work / "eval_test.json"
     report.write_json(out)
     print(f"   written to {out}")
-    from bigembed.serving.query import example_predictions, load
+    from bigembed.serving import example_predictions, load
 
     print()
     print(example_predictions(load(cfg.checkpoint_path), n=5, edge_path=splits[2]))

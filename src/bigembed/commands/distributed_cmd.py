@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from bigembed.config import add_config_arguments, config_from_args
-from bigembed.distributed.auth import add_security_arguments, apply_security_arguments
+from bigembed.distributed import add_security_arguments, apply_security_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_partition_server(args: argparse.Namespace) -> int:
-    from bigembed.distributed.rank_main import serve_partitions
+    from bigembed.distributed import serve_partitions
     from bigembed.errors import ConfigError
 
     apply_security_arguments(args)

@@ -33,7 +33,7 @@ def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
 
 def file_options(args: argparse.Namespace):
     from bigembed.edgelists import ColumnSpec, TextOptions
-    from bigembed.eval.edge_input import FileOptions
+    from bigembed.eval import FileOptions
 
     return FileOptions(
         columns=ColumnSpec(lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col),
@@ -112,7 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.eval.report import evaluate_checkpoint
+    from bigembed.eval import evaluate_checkpoint
 
     cfg = config_from_args(args)
     if args.checkpoint_version != "latest":

@@ -9,7 +9,7 @@ from pathlib import Path
 from bigembed.commands.columns import add_column_arguments
 from bigembed.config import add_config_arguments, config_from_args
 from bigembed.edgelists import FORMATS, ColumnSpec, TextOptions
-from bigembed.importing.importer import ImportOptions, run_import
+from bigembed.importing import ImportOptions, run_import
 
 DESCRIPTION = """\
 Import edge lists into the entity store (config entity_path) and one bucketed edge store per

@@ -25,9 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.checkpoints.store import CheckpointStore
-    from bigembed.train.plotting import plot_training
-    from bigembed.train.records import read_training_log
+    from bigembed.checkpoints import CheckpointStore
+    from bigembed.train import plot_training, read_training_log
 
     store = CheckpointStore(args.checkpoint_dir)
     if not store.path.is_dir():

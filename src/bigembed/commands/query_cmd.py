@@ -89,7 +89,7 @@ def _print(predictions, args: argparse.Namespace, title: str) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from bigembed.serving.query import load
+    from bigembed.serving import load
 
     model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     rel: str | int = args.rel
@@ -112,7 +112,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_similar(args: argparse.Namespace) -> int:
-    from bigembed.serving.query import load
+    from bigembed.serving import load
 
     model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path)
     preds = model.similar(

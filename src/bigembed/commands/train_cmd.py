@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
-    from bigembed.train.loop import TrainResult
+    from bigembed.train import TrainResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_config_arguments(p)
     p.add_argument("--rank", type=int, default=0, help="this machine's rank in distributed mode")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    from bigembed.distributed.auth import add_security_arguments
+    from bigembed.distributed import add_security_arguments
 
     add_security_arguments(p)  # distributed mode: shared secret, bind address
     p.set_defaults(func=run)
@@ -36,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     progress = not args.no_progress
     if cfg.num_machines > 1:
-        from bigembed.distributed.auth import apply_security_arguments
-        from bigembed.distributed.rank_main import train_distributed
+        from bigembed.distributed import apply_security_arguments, train_distributed
 
         apply_security_arguments(args)
         result = train_distributed(cfg, rank=args.rank, progress=progress, report=tqdm.write)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         write_marker,
         writing,
     )
-    from bigembed.selection.tuning import Tuner
+    from bigembed.selection import Tuner
 
     cfg = config_from_args(args)
     out: Path = args.output

@@ -19,6 +19,6 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
 
 def checkpoint_of(path: str, args: argparse.Namespace) -> Path:
     """The checkpoint directory holding the version the user asked for."""
-    from bigembed.checkpoints.reading import checkpoint_dir
+    from bigembed.checkpoints import checkpoint_dir
 
     return checkpoint_dir(path, getattr(args, "checkpoint_version", "latest"))

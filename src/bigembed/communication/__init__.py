@@ -21,14 +21,22 @@ from bigembed.communication.codecs import (
     get_codec,
     wire_bytes,
 )
+from bigembed.communication.row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
+from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
 
 __all__ = [
     "INT8_CHUNK",
     "PRECISIONS",
+    "TRANSFER_DTYPE",
     "Codec",
     "Encoded",
     "ErrorFeedback",
     "NonFiniteError",
+    "RowDelta",
+    "SharedTensors",
+    "StrategyEnv",
     "get_codec",
+    "make_strategy",
+    "to_transfer",
     "wire_bytes",
 ]

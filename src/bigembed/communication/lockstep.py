@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from bigembed.communication.primitives import flags_exchange
-from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train import BatchGate
 
 _FLAG_BATCHES, _FLAG_FLUSH, _FLAG_AGREE, _FLAG_STOP = range(4)
 _POLL_S = 0.001

@@ -62,7 +62,7 @@ from bigembed.config.types import (
     ValidationMetricName,
 )
 from bigembed.errors import ConfigError
-from bigembed.model.spec import ModelSpec, RelationSpec
+from bigembed.model import ModelSpec, RelationSpec
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from bigembed.model.names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
+from bigembed.model import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
 
 _TRUE = frozenset({"true", "yes", "on", "1", "y", "t"})
 _FALSE = frozenset({"false", "no", "off", "0", "n", "f"})

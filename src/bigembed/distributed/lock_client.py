@@ -22,8 +22,7 @@ from bigembed.distributed.auth import Session
 from bigembed.distributed.lock_server import CHANNEL
 from bigembed.distributed.rpc import RpcClient
 from bigembed.partition_keys import Bucket, PartitionKey
-from bigembed.train.iteration import Iteration
-from bigembed.train.memory.partitions import PartitionStore
+from bigembed.train import Iteration, PartitionStore
 
 logger = logging.getLogger(__name__)
 

@@ -35,13 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from bigembed.communication.row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
+from bigembed.communication import TRANSFER_DTYPE, RowDelta, to_transfer
 from bigembed.distributed.auth import Session
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.rpc import BadRequest, Message, RpcClient, RpcServer, field
 from bigembed.distributed.store import StoreAddress, store_set
 from bigembed.errors import PeerError
-from bigembed.kernels.step import Table
+from bigembed.kernels import Table
 from bigembed.partition_keys import PartitionKey
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import BigembedError, PeerError
-from bigembed.train.loop import TrainResult
+from bigembed.train import TrainResult
 
 T = TypeVar("T")
 

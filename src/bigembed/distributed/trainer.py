@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.buckets.geometry import bucket_sides, chunk_sizes
-from bigembed.checkpoints.store import CheckpointStore
-from bigembed.communication import get_codec
-from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
+from bigembed.buckets import bucket_sides, chunk_sizes
+from bigembed.checkpoints import CheckpointStore
+from bigembed.communication import SharedTensors, StrategyEnv, get_codec, make_strategy
 from bigembed.config import ConfigSchema
 from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.context import DistContext
@@ -56,17 +55,30 @@ from bigembed.distributed.lock_server import (
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
 from bigembed.distributed.store import store_set
 from bigembed.errors import CheckpointError, PeerError
-from bigembed.kernels.step import Table
+from bigembed.kernels import Table
 from bigembed.partition_keys import Bucket
-from bigembed.train.iteration import Iteration, iterations
-from bigembed.train.job import ModelState, TrainingJob
-from bigembed.train.loop import TrainingLoop, TrainResult, standard_observers
-from bigembed.train.memory.cost import CostModel, bucket_costs
-from bigembed.train.memory.cost_calibration import BucketSample, fit_from_buckets
-from bigembed.train.memory.partitions import PartitionStore
-from bigembed.train.observers import BucketWork, Observer
-from bigembed.train.policy import checkpoint_metadata, commit_with_stats, resume
-from bigembed.train.records import BucketRecord, StepLog, merge_step_logs
+from bigembed.train import (
+    BucketRecord,
+    BucketSample,
+    BucketWork,
+    CostModel,
+    Iteration,
+    ModelState,
+    Observer,
+    PartitionStore,
+    StepLog,
+    TrainingJob,
+    TrainingLoop,
+    TrainResult,
+    bucket_costs,
+    checkpoint_metadata,
+    commit_with_stats,
+    fit_from_buckets,
+    iterations,
+    merge_step_logs,
+    resume,
+    standard_observers,
+)
 
 logger = logging.getLogger(__name__)
 

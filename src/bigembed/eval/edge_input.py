@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bigembed.checkpoints.reading import TrainedModel, open_entity_store
+from bigembed.checkpoints import TrainedModel, open_entity_store
 from bigembed.config import relation_list
 from bigembed.edgelists import ColumnSpec, EdgeNameFile, NameBatch, NameFileOptions, TextOptions
 from bigembed.errors import InputError
-from bigembed.ranking.full import EvalEdges
+from bigembed.ranking import EvalEdges
 from bigembed.storage import (
     MANIFEST,
     EdgeStore,

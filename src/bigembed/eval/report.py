@@ -20,14 +20,19 @@ import numpy as np
 from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
-from bigembed.checkpoints.reading import TrainedModel, load_trained
-from bigembed.checkpoints.tables import EntityTables
+from bigembed.checkpoints import EntityTables, TrainedModel, load_trained
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
-from bigembed.ranking.filters import KnownEdges
-from bigembed.ranking.full import SIDES, EvalEdges, RankingResult, rank_edges
-from bigembed.ranking.metrics import summarize, summarize_groups
+from bigembed.ranking import (
+    SIDES,
+    EvalEdges,
+    KnownEdges,
+    RankingResult,
+    rank_edges,
+    summarize,
+    summarize_groups,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -266,7 +271,7 @@ def evaluate_checkpoint(
                 + ")"
             )
         else:
-            from bigembed.buckets.negative_settings import negative_settings
+            from bigembed.buckets import negative_settings
             from bigembed.eval.sampled import sampled_ranks
 
             negs = negative_settings(cfg)

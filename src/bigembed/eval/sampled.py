@@ -16,13 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bigembed.buckets.geometry import bucket_sides
-from bigembed.checkpoints.tables import EntityTables
-from bigembed.model.negatives import MASKED
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.buckets import bucket_sides
+from bigembed.checkpoints import EntityTables
+from bigembed.model import MASKED, NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
-from bigembed.ranking.full import EvalEdges, RankingResult, SideRanks
-from bigembed.ranking.sampled import score_batches
+from bigembed.ranking import EvalEdges, RankingResult, SideRanks, score_batches
 
 
 @dataclass

@@ -24,9 +24,7 @@ from typing import Any
 import torch
 
 from bigembed.atomic import atomic_directory
-from bigembed.checkpoints.inference import open_for_inference
-from bigembed.checkpoints.reading import TrainedModel
-from bigembed.checkpoints.tables import EntityTables
+from bigembed.checkpoints import EntityTables, TrainedModel, open_for_inference
 from bigembed.errors import InputError
 from bigembed.export.relations import relation_params
 from bigembed.export.writers import (

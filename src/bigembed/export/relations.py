@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigembed.checkpoints.reading import TrainedModel
-from bigembed.model.pbg_names import pbg_param_name
+from bigembed.checkpoints import TrainedModel
+from bigembed.model import pbg_param_name
 
 
 @dataclass

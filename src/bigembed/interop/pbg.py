@@ -29,15 +29,19 @@ import pyarrow as pa
 import torch
 
 from bigembed.atomic import atomic_directory, atomic_write_text
-from bigembed.checkpoints.inference import open_for_inference
-from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
-from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
+from bigembed.checkpoints import (
+    VERSION_FILE,
+    CheckpointMetadata,
+    CheckpointStore,
+    IterationPosition,
+    open_for_inference,
+)
 from bigembed.config import BIGEMBED_ONLY_KEYS as CONFIG_ONLY_KEYS
 from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.model.pbg_names import from_pbg as public_to_key
-from bigembed.model.pbg_names import to_pbg as key_to_public
-from bigembed.model.scoring import ScoringModel
+from bigembed.model import ScoringModel
+from bigembed.model import from_pbg as public_to_key
+from bigembed.model import to_pbg as key_to_public
 from bigembed.output_paths import check_replaceable, refuse_overlap
 from bigembed.partition_keys import PartitionKey
 from bigembed.storage import write_entity_store

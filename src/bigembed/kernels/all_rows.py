@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from bigembed.kernels.optimizers import EPS
-from bigembed.model.scoring import SideEmbeddings
+from bigembed.model import SideEmbeddings
 
 
 def whole_table_gradient(side: SideEmbeddings) -> Tensor | None:

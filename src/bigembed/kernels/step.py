@@ -7,18 +7,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bigembed.buckets.batching import Batch
-from bigembed.buckets.gather import gather_rows, gather_side
+from bigembed.buckets import Batch, gather_rows, gather_side
 from bigembed.kernels.all_rows import all_rows_adagrad_update, whole_table_gradient
 from bigembed.kernels.native.step import NativeStep
 from bigembed.kernels.optimizers import dense_adagrad_update, row_adagrad_update
-from bigembed.model.scoring import (
-    BatchScores,
-    NegativeSettings,
-    QueryBatch,
-    ScoringModel,
-    SideEmbeddings,
-)
+from bigembed.model import BatchScores, NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 
 
 @dataclass

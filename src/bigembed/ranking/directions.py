@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from bigembed.model.scoring import ScoringModel
+from bigembed.model import ScoringModel
 
 
 @dataclass

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.model.comparators import Comparator, DotComparator
-from bigembed.model.scoring import ScoringModel
+from bigembed.model import Comparator, DotComparator, ScoringModel
 from bigembed.ranking.directions import direction, pair_scores
 from bigembed.ranking.filters import KnownEdges
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.model.negatives import MASKED
+from bigembed.model import MASKED
 
 HITS_AT = (1, 3, 10, 50)
 

@@ -21,15 +21,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.buckets.batching import Batch, make_batches
-from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_side
-from bigembed.model.comparators import CosComparator, DotComparator
-from bigembed.model.negatives import batch_negative_unmasked
-from bigembed.model.scoring import (
+from bigembed.buckets import Batch, draw_uniform, gather_drawn, gather_side, make_batches
+from bigembed.model import (
     BatchScores,
     Corruption,
+    CosComparator,
+    DotComparator,
     NegativeSettings,
     ScoringModel,
+    batch_negative_unmasked,
 )
 from bigembed.partition_keys import BucketSides, PartitionKey
 from bigembed.ranking.metrics import RankingSums, ranks_and_auc

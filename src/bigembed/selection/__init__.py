@@ -11,5 +11,6 @@ them.
 """
 
 from bigembed.selection.early_stopping import EarlyStopping, Evaluation, train_model
+from bigembed.selection.tuning import Tuner
 
-__all__ = ["EarlyStopping", "Evaluation", "train_model"]
+__all__ = ["EarlyStopping", "Evaluation", "Tuner", "train_model"]

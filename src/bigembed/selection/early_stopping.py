@@ -21,12 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema, EarlyStoppingSchema
 from bigembed.errors import InputError
-from bigembed.train.loop import StopTraining, Trainer, TrainResult
-from bigembed.train.observers import Observer, TrainingObserver
-from bigembed.train.records import StepRecord
+from bigembed.train import (
+    Observer,
+    StepRecord,
+    StopTraining,
+    Trainer,
+    TrainingObserver,
+    TrainResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +148,7 @@ class EarlyStopping(Observer):
             self.evaluate(committed)
 
     def evaluate(self, version: int) -> Evaluation:
-        from bigembed.eval.report import evaluate_checkpoint
+        from bigembed.eval import evaluate_checkpoint
 
         es = self.es
         started = time.perf_counter()

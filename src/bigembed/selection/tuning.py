@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.checkpoints import CheckpointStore
 from bigembed.config import (
     ConfigSchema,
     TuneParamSchema,
@@ -35,7 +35,7 @@ from bigembed.config import (
 )
 from bigembed.errors import BigembedError, ConfigError
 from bigembed.selection.early_stopping import Evaluation, train_model
-from bigembed.train.loop import StopTraining
+from bigembed.train import StopTraining
 
 if TYPE_CHECKING:
     import optuna

@@ -33,12 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.checkpoints.inference import DEFAULT_CACHE_BYTES, open_for_inference
-from bigembed.checkpoints.reading import TrainedModel
-from bigembed.checkpoints.tables import EntityTables
+from bigembed.checkpoints import DEFAULT_CACHE_BYTES, EntityTables, TrainedModel, open_for_inference
 from bigembed.errors import InputError
-from bigembed.ranking.directions import direction, pair_scores
-from bigembed.ranking.filters import KnownEdges
+from bigembed.ranking import KnownEdges, direction, pair_scores
 from bigembed.serving.nearest import RunningTopK, faiss_available, faiss_topk
 from bigembed.storage import EntityStore
 
@@ -472,8 +469,8 @@ class EmbeddingModel:
             tuple(self.config.edge_paths) if filtered is True else tuple(str(p) for p in filtered)
         )
         if paths not in self._known:
-            from bigembed.eval.edge_input import EdgeLoader
-            from bigembed.ranking.full import EvalEdges
+            from bigembed.eval import EdgeLoader
+            from bigembed.ranking import EvalEdges
 
             loader = EdgeLoader(self.trained, entity_path=self.store.path)
             edges = EvalEdges.concat([loader.load(p).edges for p in paths])
@@ -529,8 +526,8 @@ def example_predictions(
     first edge path), shows the top ``k`` tails of each ``(lhs, rel, ?)``, marks the true tail
     with ``*`` and gives its raw rank among all entities of its type.
     """
-    from bigembed.eval.edge_input import EdgeLoader
-    from bigembed.ranking.full import EvalEdges, rank_edges
+    from bigembed.eval import EdgeLoader
+    from bigembed.ranking import EvalEdges, rank_edges
 
     path = edge_path if edge_path is not None else model.config.edge_paths[0]
     edges = EdgeLoader(model.trained, entity_path=model.store.path).load(path).edges

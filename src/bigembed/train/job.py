@@ -17,7 +17,7 @@ from torch import Tensor
 
 from bigembed.config import ConfigSchema, model_spec, relation_list
 from bigembed.errors import CheckpointError, ConfigError
-from bigembed.model.scoring import ScoringModel
+from bigembed.model import ScoringModel
 from bigembed.partition_keys import PartitionKey
 from bigembed.storage import EdgeStore, EntityStore, check_edges_import, check_edges_relations
 

@@ -28,13 +28,11 @@ from typing import Protocol
 
 import torch
 
-from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
-from bigembed.buckets.negative_settings import negative_settings
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.buckets import bucket_sides, chunk_sizes, negative_settings, partitions_per_side
+from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
-from bigembed.kernels.native.step import NativeStep
-from bigembed.kernels.step import StepStats
+from bigembed.kernels import NativeStep, StepStats
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild.gate import BatchGate

@@ -16,14 +16,12 @@ from typing import Protocol
 from torch import Tensor
 from tqdm import tqdm
 
-from bigembed.buckets.negative_settings import negative_settings
+from bigembed.buckets import negative_settings
 from bigembed.config import ConfigSchema
-from bigembed.kernels.native.eval import NativeEval
-from bigembed.kernels.step import Table
-from bigembed.model.scoring import ScoringModel
+from bigembed.kernels import NativeEval, Table
+from bigembed.model import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
-from bigembed.ranking.metrics import RankingSums
-from bigembed.ranking.sampled import EvalPlan, UnitResult, evaluate_edges
+from bigembed.ranking import EvalPlan, RankingSums, UnitResult, evaluate_edges
 from bigembed.train.iteration import Iteration, mix_seed
 from bigembed.train.records import BucketRecord, StepRecord
 

@@ -18,8 +18,12 @@ import json
 import logging
 from typing import Protocol
 
-from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition, check_same_import
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.checkpoints import (
+    CheckpointMetadata,
+    CheckpointStore,
+    IterationPosition,
+    check_same_import,
+)
 from bigembed.config import config_to_dict
 from bigembed.errors import CheckpointError
 from bigembed.train.iteration import Iteration

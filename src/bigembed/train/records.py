@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.checkpoints import CheckpointStore
 
 logger = logging.getLogger(__name__)
 

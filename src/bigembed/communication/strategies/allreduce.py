@@ -16,7 +16,7 @@ from __future__ import annotations
 from bigembed.communication.delta_reduce import DeltaReduce
 from bigembed.communication.lockstep import LockstepRounds
 from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
-from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train import BatchGate
 
 
 class Allreduce(Strategy):

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.communication.codecs import Codec
-from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train import BatchGate
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from bigembed.communication.param_server import (
 from bigembed.communication.primitives import TAG_PAIR, ShardedReduce, exchange, peer_of
 from bigembed.communication.segment_stream import SegmentStream
 from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
-from bigembed.train.hogwild.gate import BatchGate
+from bigembed.train import BatchGate
 
 
 class _Peer:

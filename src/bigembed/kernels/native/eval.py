@@ -39,9 +39,8 @@ from torch import Tensor
 
 from bigembed.kernels.native.build import native_library
 from bigembed.kernels.native.step import MAX_DIMENSION, NATIVE_LOSS_KINDS, relation_plan
-from bigembed.model.comparators import CosComparator
-from bigembed.model.scoring import NegativeSettings, ScoringModel
-from bigembed.ranking.sampled import SideCounts
+from bigembed.model import CosComparator, NegativeSettings, ScoringModel
+from bigembed.ranking import SideCounts
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64

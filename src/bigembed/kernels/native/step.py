@@ -32,12 +32,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bigembed.buckets.batching import Batch
-from bigembed.buckets.gather import draw_uniform
+from bigembed.buckets import Batch, draw_uniform
 from bigembed.kernels.native.build import native_library
-from bigembed.model.comparators import CosComparator
-from bigembed.model.operators import DiagonalOperator, IdentityOperator, TranslationOperator
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model import (
+    CosComparator,
+    DiagonalOperator,
+    IdentityOperator,
+    NegativeSettings,
+    ScoringModel,
+    TranslationOperator,
+)
 
 #: Negatives per positive (batch + uniform) above which the eager path runs.
 MAX_NEGATIVES = 512

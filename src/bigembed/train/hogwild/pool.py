@@ -46,13 +46,12 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
+from bigembed.buckets import Batch, batch_plan, make_batches, planned_batch
 from bigembed.errors import BigembedError
-from bigembed.kernels.native.eval import NativeEval
-from bigembed.kernels.step import BatchTrainer, StepStats, Table
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.kernels import BatchTrainer, NativeEval, StepStats, Table
+from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.partition_keys import PartitionKey
-from bigembed.ranking.sampled import EvalPlan, UnitResult, eval_unit
+from bigembed.ranking import EvalPlan, UnitResult, eval_unit
 from bigembed.train.hogwild.cache import Drop, Handle, SentObjects, WorkerCache
 from bigembed.train.hogwild.gate import BatchGate
 from bigembed.train.hogwild.guard import adopt_environment, worker_context, worker_entry

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bigembed.buckets.batching import Batch
-from bigembed.buckets.negative_settings import negative_settings
+from bigembed.buckets import Batch, negative_settings
 from bigembed.config import ConfigSchema, model_spec
-from bigembed.kernels.step import BatchTrainer, Table
-from bigembed.model.scoring import ScoringModel
+from bigembed.kernels import BatchTrainer, Table
+from bigembed.model import ScoringModel
 from bigembed.train.memory.cost import CostModel, Signature, signature_of
 
 logger = logging.getLogger(__name__)

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import torch
 
-from bigembed.checkpoints.store import CheckpointStore
+from bigembed.checkpoints import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError, PeerError
-from bigembed.kernels.step import Table
+from bigembed.kernels import Table
 from bigembed.partition_keys import PartitionKey
 from bigembed.train.memory.partition_io import Job, PartitionIO, TransferTimeout
 
