@@ -12,22 +12,7 @@ The key types (``PartitionKey``, ``Bucket``) live at the bottom, in :mod:`bigemb
 * :mod:`~bigembed.ranking.metrics`: ranks from scores and the ranking metrics.
 """
 
-from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
-from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_rows, gather_side
-from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
-from bigembed.buckets.negative_settings import negative_settings
+import lazy_loader
 
-__all__ = [
-    "Batch",
-    "batch_plan",
-    "bucket_sides",
-    "chunk_sizes",
-    "draw_uniform",
-    "gather_drawn",
-    "gather_rows",
-    "gather_side",
-    "make_batches",
-    "negative_settings",
-    "partitions_per_side",
-    "planned_batch",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -10,28 +10,7 @@ and the distributed trainer alike.
 * :mod:`~bigembed.checkpoints.tables`: its embedding tables, one partition at a time, cached.
 """
 
-from bigembed.checkpoints.inference import DEFAULT_CACHE_BYTES, open_for_inference
-from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition, check_same_import
-from bigembed.checkpoints.reading import (
-    TrainedModel,
-    checkpoint_dir,
-    load_trained,
-    open_entity_store,
-)
-from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
-from bigembed.checkpoints.tables import EntityTables
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_CACHE_BYTES",
-    "VERSION_FILE",
-    "CheckpointMetadata",
-    "CheckpointStore",
-    "EntityTables",
-    "IterationPosition",
-    "TrainedModel",
-    "check_same_import",
-    "checkpoint_dir",
-    "load_trained",
-    "open_entity_store",
-    "open_for_inference",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,55 +1,6 @@
 """The job config: schema, loading (YAML/TOML/JSON/PBG Python), value types, PBG's key table."""
 
-from bigembed.config.loading import apply_overrides, normalize_keys, read_config_file
-from bigembed.config.schema import (
-    BIGEMBED_ONLY_KEYS,
-    IGNORED_KEYS,
-    PBG_DIFFERENCES,
-    ConfigSchema,
-    EarlyStoppingSchema,
-    EntitySchema,
-    RelationSchema,
-    TuneParamSchema,
-    TuneSchema,
-    add_config_arguments,
-    config_from_args,
-    config_keys,
-    config_to_dict,
-    config_warnings,
-    format_config_keys,
-    load_config,
-    model_spec,
-    parse_config_dict,
-    pbg_status,
-    relation_list,
-)
-from bigembed.config.types import PRECISION_NAMES, STRATEGY_NAMES, OneOf
+import lazy_loader
 
-__all__ = [
-    "BIGEMBED_ONLY_KEYS",
-    "IGNORED_KEYS",
-    "PBG_DIFFERENCES",
-    "PRECISION_NAMES",
-    "STRATEGY_NAMES",
-    "ConfigSchema",
-    "EarlyStoppingSchema",
-    "EntitySchema",
-    "OneOf",
-    "RelationSchema",
-    "TuneParamSchema",
-    "TuneSchema",
-    "add_config_arguments",
-    "apply_overrides",
-    "config_from_args",
-    "config_keys",
-    "config_to_dict",
-    "config_warnings",
-    "format_config_keys",
-    "load_config",
-    "model_spec",
-    "normalize_keys",
-    "parse_config_dict",
-    "pbg_status",
-    "read_config_file",
-    "relation_list",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

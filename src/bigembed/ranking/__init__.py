@@ -1,34 +1,6 @@
 """Everything that ranks and measures: sampled ranking, full filtered ranking, the metrics."""
 
-from bigembed.ranking.directions import direction, pair_scores
-from bigembed.ranking.filters import KnownEdges
-from bigembed.ranking.full import SIDES, EvalEdges, RankingResult, SideRanks, rank_edges
-from bigembed.ranking.metrics import RankingSums, summarize, summarize_groups
-from bigembed.ranking.sampled import (
-    EvalPlan,
-    SideCounts,
-    UnitResult,
-    eval_unit,
-    evaluate_edges,
-    score_batches,
-)
+import lazy_loader
 
-__all__ = [
-    "SIDES",
-    "EvalEdges",
-    "EvalPlan",
-    "KnownEdges",
-    "RankingResult",
-    "RankingSums",
-    "SideCounts",
-    "SideRanks",
-    "UnitResult",
-    "direction",
-    "eval_unit",
-    "evaluate_edges",
-    "pair_scores",
-    "rank_edges",
-    "score_batches",
-    "summarize",
-    "summarize_groups",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,0 +1,3 @@
+from .query import example_predictions, load
+
+__all__ = ["example_predictions", "load"]
