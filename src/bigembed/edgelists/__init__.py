@@ -7,7 +7,7 @@ This ``__init__`` is the package's public API; other packages import from here o
 Files of names read whole (evaluation): :class:`EdgeNameFile` with :class:`NameFileOptions`.
 Streaming with bad-line handling (import): :class:`InputFile`, :func:`detect_format`, the
 locators (:func:`location`, :func:`first_wrong_width`, :func:`lines_of_rows`,
-:func:`header_suspicion`) and the vectorised checks of :mod:`validate`.
+:func:`header_suspicion`) and the vectorised checks of :mod:`~bigembed.edgelists.validate`.
 """
 
 import lazy_loader
