@@ -320,8 +320,9 @@ class ConfigSchema(BaseModel):
         "against every entity of their type, softmax over all of them (all_negs on every "
         "relation); needs entity types of one partition. KvsAll: the same loss computed "
         "once per distinct query (h, r, ?) / (?, r, t) of a batch, every true answer of its "
-        "edges a positive (batches of one side, edges grouped by query: ~3.6x fewer products "
-        "on FB15k-237); needs dynamic_relations, loss_fn softmax and comparator dot or cos.",
+        "edges a positive (batches of one side, edges grouped by query: one product per "
+        "query, not per edge); needs dynamic_relations, loss_fn softmax and comparator dot or "
+        "cos.",
     )
     distributed_timeout: Float = Field(
         default=60.0,
