@@ -1,7 +1,7 @@
 """bigembed: embeddings of huge multi-relation graphs (a PyTorch-BigGraph successor).
 
 ``bigembed.load(checkpoint_dir)`` opens a trained model for queries (see
-:mod:`bigembed.serving.query`); it is imported on first use, so ``import bigembed`` stays cheap.
+:mod:`bigembed.serving`); it is imported on first use, so ``import bigembed`` stays cheap.
 """
 
 from __future__ import annotations

@@ -3,8 +3,11 @@ and the distributed trainer alike.
 
 * :mod:`~bigembed.checkpoints.metadata`: the typed, versioned metadata record of one version
   (:class:`~bigembed.checkpoints.metadata.CheckpointMetadata`) and its JSON form;
-* :mod:`~bigembed.checkpoints.store`: the on-disk layout and the writer's protocol (open for
-  training, write version N+1, commit; discard what an interrupted step left);
+* :mod:`~bigembed.checkpoints.store`: :class:`CheckpointStore` and the writer's protocol (open
+  for training, write version N+1, commit; discard what an interrupted step left), with its
+  parts: :mod:`~bigembed.checkpoints.layout` (the on-disk names),
+  :mod:`~bigembed.checkpoints.partition_files`, :mod:`~bigembed.checkpoints.logs` (stats and
+  validation records) and :mod:`~bigembed.checkpoints.snapshots` (``epoch_N/``, ``best/``);
 * :mod:`~bigembed.checkpoints.reading`: a trained model read back for inference, and the entity
   store that goes with it;
 * :mod:`~bigembed.checkpoints.tables`: its embedding tables, one partition at a time, cached.

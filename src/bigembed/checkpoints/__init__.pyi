@@ -1,7 +1,8 @@
 from .inference import DEFAULT_CACHE_BYTES, open_for_inference
+from .layout import VERSION_FILE
 from .metadata import CheckpointMetadata, IterationPosition, check_same_import
 from .reading import TrainedModel, checkpoint_dir, load_trained, open_entity_store
-from .store import VERSION_FILE, CheckpointStore
+from .store import CheckpointStore
 from .tables import EntityTables
 
 __all__ = [

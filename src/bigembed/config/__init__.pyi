@@ -1,26 +1,14 @@
-from .loading import apply_overrides, normalize_keys, read_config_file
-from .schema import (
-    BIGEMBED_ONLY_KEYS,
-    IGNORED_KEYS,
-    PBG_DIFFERENCES,
-    ConfigSchema,
-    EarlyStoppingSchema,
-    EntitySchema,
-    RelationSchema,
-    TuneParamSchema,
-    TuneSchema,
-    add_config_arguments,
-    config_from_args,
-    config_keys,
-    config_to_dict,
-    config_warnings,
-    format_config_keys,
-    load_config,
-    model_spec,
-    parse_config_dict,
-    pbg_status,
-    relation_list,
-)
+from .checks import config_warnings
+from .cli_args import add_config_arguments, config_from_args
+from .files import read_config_file
+from .key_listing import config_keys, format_config_keys
+from .keys import normalize_keys
+from .loading import config_to_dict, load_config, parse_config_dict
+from .overrides import apply_overrides
+from .pbg_keys import BIGEMBED_ONLY_KEYS, IGNORED_KEYS, PBG_DIFFERENCES, pbg_status
+from .schema import ConfigSchema
+from .sections import EarlyStoppingSchema, EntitySchema, RelationSchema, TuneParamSchema, TuneSchema
+from .to_model import model_spec, relation_list
 from .types import PRECISION_NAMES, STRATEGY_NAMES, OneOf
 
 __all__ = [

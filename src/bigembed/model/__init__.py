@@ -1,4 +1,8 @@
-"""What a score is: operators, comparators, losses, negatives, the scoring model."""
+"""What a score is: operators, comparators, losses, negatives, the scoring model.
+
+The names and :class:`ModelSpec` import no torch, so that reading a config stays light; the
+torch-bound names are imported on first use (PEP 562).
+"""
 
 import lazy_loader
 

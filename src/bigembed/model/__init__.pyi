@@ -1,16 +1,10 @@
+from .batch import BatchScores, Corruption, NegativeSettings, QueryBatch, SideEmbeddings
 from .comparators import Comparator, CosComparator, DotComparator
 from .names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
 from .negatives import MASKED, batch_negative_unmasked
 from .operators import DiagonalOperator, IdentityOperator, TranslationOperator
 from .pbg_names import from_pbg, pbg_param_name, to_pbg
-from .scoring import (
-    BatchScores,
-    Corruption,
-    NegativeSettings,
-    QueryBatch,
-    ScoringModel,
-    SideEmbeddings,
-)
+from .scoring import ScoringModel
 from .spec import ModelSpec, RelationSpec
 
 __all__ = [

@@ -1,3 +1,13 @@
-from .query import example_predictions, load
+from .errors import QueryError, UnknownNameError
+from .examples import example_predictions
+from .loader import load
+from .model import EmbeddingModel, Prediction
 
-__all__ = ["example_predictions", "load"]
+__all__ = [
+    "EmbeddingModel",
+    "Prediction",
+    "QueryError",
+    "UnknownNameError",
+    "example_predictions",
+    "load",
+]
