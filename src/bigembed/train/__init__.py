@@ -10,14 +10,7 @@ if TYPE_CHECKING:
     from bigembed.train.hogwild.malloc import keep_freed_memory
     from bigembed.train.iteration import Iteration, iterations
     from bigembed.train.job import ModelState, TrainingJob
-    from bigembed.train.loop import (
-        StopTraining,
-        Trainer,
-        TrainingLoop,
-        TrainResult,
-        standard_observers,
-        train,
-    )
+    from bigembed.train.loop import StopTraining, TrainingLoop, TrainResult, standard_observers
     from bigembed.train.memory.cost import CostModel, bucket_costs
     from bigembed.train.memory.cost_calibration import BucketSample, fit_from_buckets
     from bigembed.train.memory.partitions import PartitionStore
@@ -31,6 +24,7 @@ if TYPE_CHECKING:
         merge_step_logs,
         read_training_log,
     )
+    from bigembed.train.single_machine import Trainer, train
 
 #: Where each public name lives: imported on first use, so that a Hogwild worker importing
 #: ``bigembed.train.hogwild.guard`` (standard library only) loads nothing heavy first.
@@ -48,7 +42,7 @@ _EXPORTS = {
     "StepRecord": "bigembed.train.records",
     "StopTraining": "bigembed.train.loop",
     "TrainResult": "bigembed.train.loop",
-    "Trainer": "bigembed.train.loop",
+    "Trainer": "bigembed.train.single_machine",
     "TrainingJob": "bigembed.train.job",
     "TrainingLoop": "bigembed.train.loop",
     "TrainingObserver": "bigembed.train.observers",
@@ -63,7 +57,7 @@ _EXPORTS = {
     "read_training_log": "bigembed.train.records",
     "resume": "bigembed.train.policy",
     "standard_observers": "bigembed.train.loop",
-    "train": "bigembed.train.loop",
+    "train": "bigembed.train.single_machine",
 }
 
 __all__ = [
