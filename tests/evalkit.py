@@ -203,7 +203,7 @@ def trained_graph(
     )
     settings.update(overrides)
     cfg = make_config(root, **settings)
-    from bigembed.train.loop import train
+    from bigembed.train.single_machine import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny batches: OpenMP threads only add waiting on a busy machine

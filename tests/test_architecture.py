@@ -63,21 +63,49 @@ def _layer_modules(layers: list[str]) -> list[str]:
 
 
 def _fake_bigembed(root: Path, violation: tuple[str, str] | None) -> None:
-    """An empty ``bigembed`` package with one subpackage per layer module; ``violation``
-    (importer, imported) adds one import between two of them."""
-    layers = next(c for c in _contracts()["contracts"] if c["type"] == "layers")["layers"]
-    pkg = root / "bigembed"
-    pkg.mkdir()
-    # like the real root: a lazy import of bigembed.serving (exempt through ignore_imports)
-    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.serving\n")
-    for name in _layer_modules(layers):
-        sub = pkg / name
-        sub.mkdir()
-        (sub / "__init__.py").write_text("")
-    if violation is not None:
-        importer, imported = violation
-        (pkg / importer / "core.py").write_text(f"import bigembed.{imported}.inner\n")
-        (pkg / imported / "inner.py").write_text("")
+    """The stand-in of :func:`_stand_in`; ``violation`` (importer, imported) adds one import
+    between two of its packages."""
+    _stand_in(root, [violation] if violation is not None else [])
+
+
+def _write_import(root: Path, importer: str, imported: str, *, package: bool = False) -> None:
+    """Create module ``importer`` (dotted; a package with ``package`` or if it is one already)
+    and, with ``imported``, make it import that module from inside a function, as the real
+    lazy imports do (the import graph counts them)."""
+    parts = importer.split(".")
+    for i in range(1, len(parts)):
+        root.joinpath(*parts[:i]).mkdir(parents=True, exist_ok=True)
+        root.joinpath(*parts[:i], "__init__.py").touch()
+    where = root.joinpath(*parts)
+    if package or where.is_dir():
+        where.mkdir(exist_ok=True)
+        path = where / "__init__.py"
+    else:
+        path = where.with_suffix(".py")
+    text = path.read_text() if path.exists() else ""
+    if imported:
+        text += f"def _use_{text.count('def ')}():\n    import {imported}\n"
+    path.write_text(text)
+
+
+def _stand_in(root: Path, imports: list[tuple[str, str]]) -> None:
+    """A stand-in ``bigembed`` under ``root`` that keeps every contract of pyproject.toml: an
+    empty package per layer module of each layers contract, and each import the contracts
+    ignore. Then each (importer, imported) of ``imports`` (names under ``bigembed.``): the
+    importer's ``core`` module imports the imported's ``inner`` module."""
+    for contract in _contracts()["contracts"]:
+        if contract["type"] == "layers":
+            for container in contract.get("containers", ["bigembed"]):
+                for name in _layer_modules(contract["layers"]):
+                    _write_import(root, f"{container}.{name}", "", package=True)
+    for contract in _contracts()["contracts"]:
+        for ignored in contract.get("ignore_imports", []):
+            importer, imported = (part.strip() for part in ignored.split("->"))
+            _write_import(root, imported, "")
+            _write_import(root, importer, imported)
+    for importer, imported in imports:
+        _write_import(root, f"bigembed.{imported}.inner", "")
+        _write_import(root, f"bigembed.{importer}.core", f"bigembed.{imported}.inner")
 
 
 @needs_linter
@@ -116,6 +144,121 @@ def test_the_contracts_catch_a_violation(
     broken_part = result.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken_part
     assert f"bigembed.{importer}.core -> bigembed.{imported}.inner" in broken_part
+
+
+# ----------------------------------------------------------------- inner layers and cycles
+@needs_linter
+@pytest.mark.parametrize(
+    ("imports", "broken"),
+    [
+        ([("train.memory", "train.hogwild")], "train: the compositions"),
+        ([("train.hogwild", "train.loop")], "train: the compositions"),
+        ([("distributed.context", "distributed.trainer")], "distributed: the trainer's parts"),
+        ([("distributed.auth", "distributed.store")], "distributed: the trainer's parts"),
+        # a cycle between two subpackages of one layer, which no layers contract sees
+        ([("kernels.a", "kernels.b"), ("kernels.b", "kernels.a")], "no import cycle"),
+    ],
+)
+def test_the_inner_contracts_catch_a_violation(
+    tmp_path: Path, imports: list[tuple[str, str]], broken: str
+) -> None:
+    config = tmp_path / "pyproject.toml"
+    shutil.copy(ROOT / "pyproject.toml", config)
+    clean = tmp_path / "clean"
+    _stand_in(clean, [])
+    result = _lint(clean, config=config, pythonpath=clean)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    wrong = tmp_path / "wrong"
+    _stand_in(wrong, imports)
+    result = _lint(wrong, config=config, pythonpath=wrong)
+    assert result.returncode != 0, result.stdout
+    broken_part = result.stdout.split("Broken contracts", 1)[-1]
+    assert broken in broken_part
+    assert broken_part.count("\n" + broken) == 1, "only that contract breaks"
+    importer, imported = imports[0]
+    if len(imports) == 1:
+        assert f"bigembed.{importer}.core -> bigembed.{imported}.inner" in broken_part
+    else:
+        assert "No cycles are allowed in bigembed.kernels" in broken_part
+
+
+def _cycle_exemptions() -> list[tuple[str, str]]:
+    """The imports the acyclic contract ignores (pyproject.toml says why), as pairs."""
+    acyclic = next(c for c in _contracts()["contracts"] if c["type"] == "acyclic_siblings")
+    pairs = [[p.strip() for p in e.split("->")] for e in acyclic.get("ignore_imports", [])]
+    return [(a, b) for a, b in pairs]
+
+
+def module_cycles(package: str, exempt: list[tuple[str, str]] = ()) -> list[list[str]]:
+    """Every import cycle between the modules of ``package``, as its strongly connected
+    components of more than one module (each sorted), from grimp's import graph less the
+    ``exempt`` (importer, imported) imports.
+
+    The graph counts imports inside functions but not those under ``TYPE_CHECKING`` (type
+    hints only), as lint-imports does with ``exclude_type_checking_imports``. This sees what the acyclic contract cannot: a cycle through a package's own
+    ``__init__`` (a package is not one of its children)."""
+    import grimp
+
+    graph = grimp.build_graph(package, cache_dir=None, exclude_type_checking_imports=True)
+    for importer, imported in exempt:
+        if graph.direct_import_exists(importer=importer, imported=imported):
+            graph.remove_import(importer=importer, imported=imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.find_modules_directly_imported_by(module)):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    cycles = module_cycles("bigembed", _cycle_exemptions())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_catches_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in package (another name: ``bigembed`` is imported already) whose ``__init__``
+    imports a module that imports the package back, lazily, and a two-module cycle; the
+    exemption list removes one of them."""
+    pkg = tmp_path / "standin_cycles"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("def load():\n    from standin_cycles import leaf\n")
+    (pkg / "leaf.py").write_text("import standin_cycles\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from standin_cycles.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from standin_cycles.sub import a\n")
+    (pkg / "ok.py").write_text("import standin_cycles.sub.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    both = [
+        ["standin_cycles", "standin_cycles.leaf"],
+        ["standin_cycles.sub.a", "standin_cycles.sub.b"],
+    ]
+    assert module_cycles("standin_cycles") == both
+    exempt = [("standin_cycles.sub.b", "standin_cycles.sub.a")]
+    assert module_cycles("standin_cycles", exempt) == both[:1]
 
 
 # ----------------------------------------------------------------- public APIs of packages

@@ -16,7 +16,7 @@ from bigembed.checkpoints.metadata import (
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import CheckpointError
-from bigembed.train.loop import train
+from bigembed.train.single_machine import train
 from evalkit import make_config, write_checkpoint
 from synthetic import graph_config, write_graph
 

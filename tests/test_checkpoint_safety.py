@@ -24,7 +24,7 @@ from bigembed.checkpoints.reading import load_trained
 from bigembed.cli import main as cli_main
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError
-from bigembed.train.loop import train
+from bigembed.train.single_machine import train
 from synthetic import graph_config, write_graph
 
 

@@ -23,8 +23,8 @@ import torch
 from bigembed.kernels.step import Table
 from bigembed.storage import EdgeStore
 from bigembed.train.hogwild.pool import ACK, HogwildPool, WorkerSetup
-from bigembed.train.loop import Trainer
 from bigembed.train.memory.edge_buffers import PreparedEdges
+from bigembed.train.single_machine import Trainer
 from synthetic import graph_config, write_graph
 
 NPARTS = 4

@@ -185,7 +185,7 @@ def test_kvsall_training_learns_and_counts_every_edge_once(tmp_path: Path, worke
     """End to end (one worker; two Hogwild workers taking planned batches): the loss per edge
     falls over epochs and each epoch reports every training edge once."""
     from bigembed.checkpoints.store import CheckpointStore
-    from bigembed.train.loop import train
+    from bigembed.train.single_machine import train
 
     write_graph(tmp_path, num_entities=60, num_edges=1500)
     cfg = graph_config(

@@ -526,8 +526,8 @@ def test_bucket_timing_leaves_the_eval_before_the_bucket_out_of_the_workers_time
     bucket (as the withheld-edge eval does) shows in the bucket's time, not in it."""
     import time
 
-    from bigembed.train.loop import Trainer
     from bigembed.train.observers import BucketWork, Observer
+    from bigembed.train.single_machine import Trainer
 
     class Slow(Observer):
         def bucket_started(self, work: BucketWork) -> None:

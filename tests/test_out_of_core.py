@@ -23,9 +23,10 @@ import torch
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema, config_to_dict
-from bigembed.train.loop import Iteration, Trainer, _mix
+from bigembed.train.loop import Iteration, _mix
 from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.memory.partitions import PartitionKey, PartitionStore
+from bigembed.train.single_machine import Trainer
 from synthetic import budget_for, graph_config, write_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

@@ -33,11 +33,11 @@ from bigembed.config import parse_config_dict
 from bigembed.errors import BigembedError
 from bigembed.kernels.step import Table
 from bigembed.partition_keys import PartitionKey
-from bigembed.train.loop import Trainer
 from bigembed.train.memory import partition_io
 from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.memory.budget import plan_memory
 from bigembed.train.memory.partitions import PartitionStore, init_embeddings
+from bigembed.train.single_machine import Trainer
 from synthetic import budget_for, graph_config, write_graph
 from test_out_of_core import train_measured
 

@@ -21,7 +21,7 @@ import torch
 from bigembed.checkpoints.reading import load_trained
 from bigembed.cli import main as cli_main
 from bigembed.storage.edges import EdgeStore
-from bigembed.train.loop import train
+from bigembed.train.single_machine import train
 from synthetic import graph_config, write_graph
 
 

@@ -12,7 +12,7 @@ import torch
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.cli import main as cli_main
-from bigembed.train.loop import Trainer, train
+from bigembed.train.single_machine import Trainer, train
 from synthetic import graph_config, write_graph
 
 

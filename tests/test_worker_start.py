@@ -11,7 +11,7 @@ import pytest
 
 from bigembed.kernels.native import build as native_build
 from bigembed.train.hogwild import pool as hogwild
-from bigembed.train.loop import train
+from bigembed.train.single_machine import train
 from synthetic import graph_config, write_graph
 
 

@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -40,40 +39,25 @@ from typing import Any
 import torch.distributed as dist
 
 from bigembed.config import ConfigSchema, config_to_dict
-from bigembed.distributed.auth import (
-    MODE_HMAC,
-    MODE_NONE,
-    BadMac,
-    Secret,
-    Session,
-    load_secret,
-    proof_ok,
-    seal,
-    unseal,
+from bigembed.distributed.auth import BadMac, Secret, Session, load_secret, seal, unseal
+from bigembed.distributed.handshake import (
+    JOIN_FACTOR,
+    REFUSED_MARK,
+    Handshake,
+    JoinRefusal,
+    RelayedRefusal,
 )
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.store import (
     StoreAddress,
     best_effort,
     choose_gloo_interface,
-    is_timeout,
     store_set,
 )
 from bigembed.distributed.watchdog import Watchdog, exit_now, store_barrier
 from bigembed.errors import ConfigError, PeerError
 
 logger = logging.getLogger(__name__)
-
-JOIN_FACTOR = 5  # ranks started by hand may arrive a while apart
-REFUSED_MARK = "refused: "  # a join/refused value: the rank and its reason follow
-
-
-class _Refusal(PeerError):
-    """A join failure every joining rank must hear of (not a duplicate or a stranger's)."""
-
-
-class _Relayed(PeerError):
-    """Another rank's refusal, read from ``join/refused`` (not published again)."""
 
 
 def _config_diff(mine: dict[str, Any], theirs: dict[str, Any], prefix: str = "") -> list[str]:
@@ -116,7 +100,6 @@ class DistContext:
         secret = load_secret()
         self.secret = Secret(secret) if secret is not None else None
         self.session: Session | None = None  # the run's key, once joined with a secret
-        self._nonce = ""  # rank 0's challenge (with a secret)
 
     # ------------------------------------------------------------------ start-up
     def open(self) -> DistContext:
@@ -137,17 +120,13 @@ class DistContext:
         any failure of rank 0, the host, and a rank started with another shape of run. (A
         duplicate rank, or one with the wrong secret, must not stop the others.)"""
         store = self.store
-        publish = isinstance(exc, _Refusal) or (self.rank == 0 and not isinstance(exc, _Relayed))
+        publish = isinstance(exc, JoinRefusal) or (
+            self.rank == 0 and not isinstance(exc, RelayedRefusal)
+        )
         if store is not None and publish:
             text = f"{REFUSED_MARK}{self.layout.role(self.rank)}: {exc}"
             best_effort(lambda: store_set(store, "join/refused", text), min(self.timeout, 2.0))
         return exc
-
-    def _check_refused(self, store: dist.Store) -> None:
-        """Raise the message of a rank that gave up joining (see :meth:`_refuse`)."""
-        if store.check(["join/refused"]):
-            text = store.get("join/refused").decode(errors="replace")
-            raise _Relayed(text[len(REFUSED_MARK) :] if text.startswith(REFUSED_MARK) else text)
 
     def _open(self) -> DistContext:
         world = self.layout.world_size
@@ -170,10 +149,8 @@ class DistContext:
                 self.address.host,
                 self.address.port,
             )
-        if self._auth_mode(store, join_timeout) == MODE_HMAC:
-            self._join_with_secret(store, world, join_timeout)
-        else:
-            self._join(store, world, join_timeout)
+        handshake = Handshake(self.cfg, self.rank, self.layout, self.address, self.secret)
+        self.session = handshake.run(store, join_timeout)
         self.watchdog.session = self.session
         self.watchdog.watch_peers()
         self._check_configs(store)
@@ -186,197 +163,6 @@ class DistContext:
             self.interface or "default",
         )
         return self
-
-    def _join(self, store: dist.Store, world: int, timeout: float) -> None:
-        claims = store.add(f"join/{self.rank}/claims", 1)
-        if claims > 1:
-            where = (
-                f" or {self.address.path} is left over from an earlier run (delete it)"
-                if self.address.kind == "file"
-                else ""
-            )
-            raise PeerError(
-                f"rank {self.rank} is already taken: another process joined as rank {self.rank}"
-                f"{where}"
-            )
-        store.set(f"join/{self.rank}/host", f"{socket.gethostname()}:{os.getpid()}")
-        store.add(f"hb/{self.rank}", 1)
-        arrived = store.add("join/count", 1)
-        if arrived == world:
-            store.set("join/done", "1")
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                store.wait(["join/done"], timedelta(seconds=min(1.0, timeout)))
-                return
-            except Exception as exc:
-                if not is_timeout(exc):
-                    raise PeerError(f"lost the rendezvous store while joining: {exc}") from None
-            self._check_refused(store)
-            if time.monotonic() > deadline:
-                missing = [r for r in range(world) if not store.check([f"join/{r}/host"])]
-                names = ", ".join(self.layout.role(r) for r in missing)
-                raise PeerError(
-                    f"{names} did not join within {timeout:g}s "
-                    f"({JOIN_FACTOR} x distributed_timeout) at {self.address.method}"
-                )
-
-    # ------------------------------------------------------------------ the shared secret
-    def _wait_key(self, store: dist.Store, key: str, timeout: float, what: str) -> bytes:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                store.wait([key], timedelta(seconds=min(1.0, timeout)))
-                return store.get(key)
-            except Exception as exc:
-                if not is_timeout(exc):
-                    raise PeerError(f"lost the rendezvous store while joining: {exc}") from None
-            self._check_refused(store)
-            if time.monotonic() > deadline:
-                raise PeerError(f"{what} within {timeout:g}s at {self.address.method}")
-
-    def _shape(self) -> str:
-        return (
-            f"num_machines={self.cfg.num_machines}, "
-            f"num_partition_servers={max(self.cfg.num_partition_servers, 0)}"
-        )
-
-    def _auth_mode(self, store: dist.Store, timeout: float) -> str:
-        """Rank 0 says whether the run needs the secret and what shape it has; the others
-        check they agree."""
-        mine = MODE_HMAC if self.secret is not None else MODE_NONE
-        if self.rank == 0:
-            store.set("join/shape", self._shape())
-            if self.secret is not None:
-                self._nonce = secrets.token_hex(32)
-                store.set("auth/nonce", self._nonce)
-            store.set("auth/mode", mine)
-            return mine
-        theirs = self._wait_key(store, "auth/mode", timeout, "rank 0 did not start").decode()
-        shape = store.get("join/shape").decode(errors="replace")
-        if shape != self._shape():
-            raise _Refusal(
-                f"{self.layout.role(self.rank)} was started with {self._shape()} but rank 0 "
-                f"with {shape}: use the same config and -p overrides on every rank"
-            )
-        if theirs == MODE_HMAC and self.secret is None:
-            raise PeerError(
-                f"the run at {self.address.method} requires the shared secret: set "
-                "BIGEMBED_SECRET or BIGEMBED_SECRET_FILE (or --secret-file) on this rank too"
-            )
-        if theirs != MODE_HMAC and self.secret is not None:
-            raise PeerError(
-                f"rank 0 of the run at {self.address.method} runs without a shared secret but "
-                "this rank has one: set the same secret on every rank (or on none)"
-            )
-        return theirs
-
-    def _join_with_secret(self, store: dist.Store, world: int, timeout: float) -> None:
-        assert self.secret is not None
-        store.set(f"join/{self.rank}/host", f"{socket.gethostname()}:{os.getpid()}")
-        store.add(f"hb/{self.rank}", 1)
-        if self.rank == 0:
-            self._admit(store, world, timeout)
-            self.session = self.secret.session(self._nonce)
-            return
-        nonce = store.get("auth/nonce").decode()
-        mine = secrets.token_hex(16)
-        attempt = int(store.add(f"auth/{self.rank}/attempts", 1))
-        key = f"auth/{self.rank}/{attempt}"
-        store.set(
-            key,
-            json.dumps(
-                {
-                    "client_nonce": mine,
-                    "proof": self.secret.join_proof(nonce, self.rank, mine),
-                    "host": f"{socket.gethostname()}:{os.getpid()}",
-                }
-            ),
-        )
-        raw = self._wait_key(
-            store,
-            f"{key}/verdict",
-            timeout,
-            "rank 0 did not admit this rank (are all ranks started?)",
-        )
-        try:
-            verdict = json.loads(raw)
-        except ValueError:
-            verdict = {}
-        if not isinstance(verdict, dict):
-            verdict = {}
-        if verdict.get("ok") is True:
-            welcome = self.secret.welcome_proof(nonce, self.rank, mine)
-            if not proof_ok(welcome, verdict.get("proof")):
-                raise PeerError(
-                    f"the rendezvous store at {self.address.method} answered without proof of "
-                    "the shared secret: it is not this run's rank 0"
-                )
-            self.session = self.secret.session(nonce)
-            return
-        raise PeerError(f"rank 0 refused this rank: {verdict.get('reason', 'no reason given')}")
-
-    def _admit(self, store: dist.Store, world: int, timeout: float) -> None:
-        """Rank 0: admit the first attempt per rank that proves the secret, refuse the others;
-        answer the admitted ones once all have joined (so a welcome means: the run starts)."""
-        assert self.secret is not None
-        admitted: dict[int, tuple[str, str]] = {}  # rank -> (its client nonce, attempt key)
-        pending: dict[int, set[int]] = {r: set() for r in range(1, world)}
-        seen = dict.fromkeys(range(1, world), 0)
-        deadline = time.monotonic() + timeout
-
-        def refuse(key: str, reason: str, host: str) -> None:
-            logger.warning("refused a join as %s from %s: %s", key.split("/")[1], host, reason)
-            store.set(f"{key}/verdict", json.dumps({"ok": False, "reason": reason}))
-
-        while len(admitted) < world - 1:
-            for r in range(1, world):
-                count = int(store.add(f"auth/{r}/attempts", 0))
-                pending[r].update(range(seen[r] + 1, count + 1))
-                seen[r] = max(seen[r], count)
-                for attempt in sorted(pending[r]):
-                    key = f"auth/{r}/{attempt}"
-                    if not store.check([key]):
-                        continue  # counted, not written yet
-                    pending[r].discard(attempt)
-                    try:
-                        claim = json.loads(store.get(key))
-                        cn, proof = str(claim["client_nonce"]), claim["proof"]
-                        host = str(claim.get("host", "?"))
-                    except (ValueError, KeyError, TypeError):
-                        refuse(key, "malformed join request", "?")
-                        continue
-                    if not proof_ok(self.secret.join_proof(self._nonce, r, cn), proof):
-                        refuse(
-                            key,
-                            "wrong shared secret (BIGEMBED_SECRET / BIGEMBED_SECRET_FILE "
-                            "must be the same on every rank)",
-                            host,
-                        )
-                    elif r in admitted:
-                        refuse(
-                            key,
-                            f"rank {r} is already taken: another process joined as rank {r}",
-                            host,
-                        )
-                    else:
-                        admitted[r] = (cn, key)
-            if len(admitted) == world - 1:
-                break
-            self._check_refused(store)
-            if time.monotonic() > deadline:
-                names = ", ".join(self.layout.role(r) for r in range(1, world) if r not in admitted)
-                raise PeerError(
-                    f"{names} did not join within {timeout:g}s ({JOIN_FACTOR} x "
-                    f"distributed_timeout) at {self.address.method}"
-                )
-            time.sleep(0.05)
-        for r, (cn, key) in admitted.items():
-            store.set(
-                f"{key}/verdict",
-                json.dumps({"ok": True, "proof": self.secret.welcome_proof(self._nonce, r, cn)}),
-            )
-        store.set("join/done", "1")
 
     def _check_configs(self, store: dist.Store) -> None:
         mine = config_to_dict(self.cfg)

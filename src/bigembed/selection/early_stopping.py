@@ -216,7 +216,7 @@ def train_model(
     on_evaluation: OnEvaluation | None = None,
 ) -> TrainResult:
     """Train as the config says, with early stopping when it has an ``early_stopping``
-    section (otherwise exactly :func:`bigembed.train.loop.train`)."""
+    section (otherwise exactly :func:`bigembed.train.single_machine.train`)."""
     if cfg.early_stopping is not None and not Path(cfg.early_stopping.valid_path).exists():
         raise InputError(
             f"early_stopping.valid_path: {cfg.early_stopping.valid_path}: no such edge path or "

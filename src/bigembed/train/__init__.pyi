@@ -2,7 +2,7 @@ from .hogwild.gate import BatchGate
 from .hogwild.malloc import keep_freed_memory
 from .iteration import Iteration, iterations
 from .job import ModelState, TrainingJob
-from .loop import StopTraining, Trainer, TrainingLoop, TrainResult, standard_observers, train
+from .loop import StopTraining, TrainingLoop, TrainResult, standard_observers
 from .memory.cost import CostModel, bucket_costs
 from .memory.cost_calibration import BucketSample, fit_from_buckets
 from .memory.partitions import PartitionStore
@@ -10,6 +10,7 @@ from .observers import BucketWork, Observer, TrainingObserver
 from .plotting import plot_training
 from .policy import checkpoint_metadata, commit_with_stats, resume
 from .records import BucketRecord, StepLog, StepRecord, merge_step_logs, read_training_log
+from .single_machine import Trainer, train
 
 __all__ = [
     "BatchGate",

@@ -6,7 +6,7 @@ distributed agreement), a :class:`CheckpointPolicy` saves every step's state
 (:meth:`~CheckpointPolicy.commit_step`); a version is complete or absent (see
 :mod:`bigembed.checkpoints.store`). :class:`LocalCheckpoints` is one machine's policy; the
 distributed trainer's cooperative one is
-:class:`bigembed.distributed.trainer.CooperativeCheckpoints`.
+:class:`bigembed.distributed.shared_checkpoint.CooperativeCheckpoints`.
 
 :func:`resume` is the part both share: it checks that a committed checkpoint belongs to this
 job and loads the model from it (or from ``init_path`` for a warm start).

@@ -11,8 +11,8 @@ relatively cheaper than its count says and gathers relatively dearer. Two ways t
   only the common scale is fitted and the analytic ratios are kept (logged).
 * :func:`calibrate`: a tiny timing run of each signature on a few batches of random edges
   against small random tables with the real training step, on a throwaway copy of the model.
-  Not used by the lock server: run on rank 0 at start-up it made the allreduce strategy's first
-  gloo round time out with 2 workers per trainer (the fit above needs no extra run).
+  Not used by the lock server: a timing run on rank 0 alone at start-up would hold up the
+  trainers' first gloo round of the shared parameters (the fit above needs no extra run).
 """
 
 from __future__ import annotations

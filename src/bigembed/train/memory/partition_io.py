@@ -52,7 +52,7 @@ class Job:
             # anyone the job is done: a read waiting for this write-back allocates its table as
             # soon as it wakes, and if this thread were preempted before its frame let go of
             # the closure, both tables would be alive at once -- one table over the memory
-            # budget (a 2.5 GB cgroup run was OOM-killed in the new table's fallocate so).
+            # budget, enough for a tight cgroup limit to OOM-kill the run in that allocation.
             fn = None
             self._done.set()
 

@@ -9,76 +9,45 @@ planned from the bucket order (one machine with a memory budget); or ``managed``
 source says what to give back (:meth:`PartitionStore.write_back`; distributed mode, where the
 lock server decides).
 
-Tables are allocated in shared memory when Hogwild workers need them. Running out of
-``/dev/shm`` kills a process with SIGBUS (PBG's most reported crash), so the free space is
-checked before each allocation and reported as a clear error instead.
+Where a partition's value is read from and written to is
+:mod:`bigembed.train.memory.partition_values`; which partition leaves to make room is
+:mod:`bigembed.train.memory.eviction`; the background threads are
+:mod:`bigembed.train.memory.partition_io`.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
-
-import torch
+from typing import Any
 
 from bigembed.checkpoints import CheckpointStore
-from bigembed.errors import BigembedError, CheckpointError, PeerError
+from bigembed.errors import BigembedError, PeerError
 from bigembed.kernels import Table
 from bigembed.partition_keys import PartitionKey
+from bigembed.train.memory.eviction import UsePlan
 from bigembed.train.memory.partition_io import Job, PartitionIO, TransferTimeout
+from bigembed.train.memory.partition_values import (
+    PartitionRemote,
+    PartitionSource,
+    PartitionValues,
+    init_embeddings,
+)
+
+__all__ = [
+    "PartitionKey",
+    "PartitionRemote",
+    "PartitionSource",
+    "PartitionStore",
+    "init_embeddings",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def _seed_for(seed: int, etype: str, part: int) -> int:
-    h = 1469598103934665603
-    for ch in f"{seed}/{etype}/{part}".encode():
-        h = ((h ^ ch) * 1099511628211) % (1 << 63)
-    return h
-
-
-def init_embeddings(
-    count: int,
-    dim: int,
-    init_scale: float,
-    seed: int,
-    etype: str,
-    part: int,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """N(0, 1) * init_scale, reproducible from (seed, type, partition); written into ``out``
-    if given (no second copy of the table in memory)."""
-    gen = torch.Generator().manual_seed(_seed_for(seed, etype, part))
-    if out is None:
-        out = torch.empty((count, dim))
-    torch.randn((count, dim), generator=gen, out=out)
-    return out.mul_(init_scale)
-
-
-@dataclass
-class PartitionSource:
-    """Where a partition is read from when it is first needed in this run."""
-
-    store: CheckpointStore
-    version: int
-
-
-class PartitionRemote(Protocol):
-    """Where swapped-out partitions live instead of the checkpoint directory (distributed mode:
-    the partition servers). A partition the remote does not hold is read from disk as usual."""
-
-    def fetch(self, key: PartitionKey, out_emb: torch.Tensor, out_state: torch.Tensor) -> bool: ...
-
-    def store(self, key: PartitionKey, emb: torch.Tensor, state: torch.Tensor) -> None: ...
-
-
-class PartitionStore:
+class PartitionStore(PartitionValues):
     """The resident partitions, and the swapping of the others to the checkpoint (or remote).
 
     ``capacity``: how many partitioned tables may be alive at once (resident, being read ahead
@@ -123,17 +92,19 @@ class PartitionStore:
         deadline: float | None = None,
         on_event: Callable[[str, PartitionKey], None] | None = None,
     ) -> None:
-        self.counts = counts
-        self.dims = dims
-        self.checkpoint = checkpoint
-        self.committed = committed
-        self.working = working
-        self.init_source = init_source
-        self.init_scale = init_scale
-        self.seed = seed
-        self.shared = shared
+        super().__init__(
+            counts,
+            dims,
+            checkpoint,
+            committed=committed,
+            working=working,
+            init_source=init_source,
+            init_scale=init_scale,
+            seed=seed,
+            shared=shared,
+            remote=remote,
+        )
         self.pinned = set(pinned)
-        self.remote = remote
         self.capacity = capacity
         self.managed = managed
         self.deadline = deadline
@@ -142,11 +113,8 @@ class PartitionStore:
         self.loaded: dict[PartitionKey, Table] = {}
         self.dirty: set[PartitionKey] = set()
         self.peak_bytes = 0
-        self.bytes_read = 0
-        self.bytes_written = 0
-        #: partitions brought in (read or initialised) and written back, over the run
+        #: partitions brought in (read or initialised) over the run
         self.loads = 0
-        self.writes = 0
         #: seconds the training thread waited for partition I/O in :meth:`ensure`
         self.io_wait_seconds = 0.0
         #: most partitioned tables allocated at once (resident, read ahead, not yet written back)
@@ -160,19 +128,9 @@ class PartitionStore:
         self._reader = PartitionIO(background)
         self._writing: dict[PartitionKey, Job] = {}
         self._reading: dict[PartitionKey, Job] = {}
-        self._lock = threading.Lock()
-        self._future: list[frozenset[PartitionKey]] = []
-        self._cursor = 0
-        self._last_use: dict[PartitionKey, int] = {}
-        self._clock = 0
+        self._uses = UsePlan()
 
     # ------------------------------------------------------------------ bookkeeping
-    def table_bytes(self, key: PartitionKey) -> int:
-        return self.counts[key] * (self.dims[key[0]] + 1) * 4
-
-    def total_bytes(self) -> int:
-        return sum(self.table_bytes(k) for k in self.counts)
-
     def loaded_bytes(self) -> int:
         return sum(t.emb.numel() * 4 + t.state.numel() * 4 for t in self.loaded.values())
 
@@ -215,87 +173,7 @@ class PartitionStore:
     def _note_peak(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self.loaded_bytes())
 
-    def _allocate(self, key: PartitionKey) -> Table:
-        count, dim = self.counts[key], self.dims[key[0]]
-        if self.shared:
-            need = self.table_bytes(key)
-            try:
-                free = shutil.disk_usage("/dev/shm").free
-            except OSError:
-                free = None
-            if free is not None and need > free:
-                raise BigembedError(
-                    f"not enough shared memory for partition {key[1]} of '{key[0]}': needs "
-                    f"{need / 2**20:.0f} MiB, /dev/shm has {free / 2**20:.0f} MiB free "
-                    "(raise its size, e.g. docker --shm-size, or use more partitions)"
-                )
-            emb = torch.empty((count, dim)).share_memory_()
-            state = torch.zeros(count).share_memory_()
-        else:
-            emb = torch.empty((count, dim))
-            state = torch.zeros(count)
-        return Table(emb, state)
-
     # ------------------------------------------------------------------ load / save
-    def _load(self, key: PartitionKey) -> Table:
-        """A partition's latest value: this run's working version, else the committed one.
-
-        With a committed checkpoint every partition must be in it: a missing file is an error,
-        never a silent re-initialisation (its trained rows would be lost). File headers are
-        checked against the entity count and dimension before anything is allocated.
-        """
-        etype, part = key
-        count, dim = self.counts[key], self.dims[etype]
-        ck = self.checkpoint
-        table: Table | None = None
-        if self.remote is not None:
-            table = self._allocate(key)
-            if self.remote.fetch(key, table.emb, table.state):
-                with self._lock:
-                    self.bytes_read += self.table_bytes(key)
-                return table
-        source: tuple[CheckpointStore, int, bool] | None = None
-        if ck.has_partition(etype, part, self.working):
-            source = (ck, self.working, True)
-        elif self.committed > 0:
-            if not ck.has_partition(etype, part, self.committed):
-                raise CheckpointError(
-                    f"{ck.embeddings_path(etype, part, self.committed)}: missing from checkpoint "
-                    f"version {self.committed} (partition {part} of '{etype}'; training on would "
-                    "re-initialise it and lose its trained rows); restore the file, or train into "
-                    "a new checkpoint_path"
-                )
-            source = (ck, self.committed, True)
-        elif self.init_source is not None and self.init_source.store.has_partition(
-            etype, part, self.init_source.version
-        ):
-            source = (self.init_source.store, self.init_source.version, False)
-        if source is not None:
-            store, version, own = source
-            store.check_partition(etype, part, version, count, dim)
-        if table is None:
-            table = self._allocate(key)
-        if source is None:
-            init_embeddings(count, dim, self.init_scale, self.seed, etype, part, out=table.emb)
-            table.state.zero_()
-            return table
-        store, version, own = source
-        store.load_partition(etype, part, version, table.emb, table.state, require_state=own)
-        if not own:
-            table.state.zero_()  # warm start: parameters yes, optimizer state no
-        with self._lock:
-            self.bytes_read += self.table_bytes(key)
-        return table
-
-    def _save(self, key: PartitionKey, table: Table) -> None:
-        if self.remote is not None:
-            self.remote.store(key, table.emb, table.state)
-        else:
-            self.checkpoint.save_partition(key[0], key[1], self.working, table.emb, table.state)
-        with self._lock:
-            self.bytes_written += self.table_bytes(key)
-            self.writes += 1
-
     def _load_logged(self, key: PartitionKey) -> Table:
         self._event("load_start", key)
         table = self._load(key)
@@ -337,29 +215,17 @@ class PartitionStore:
     def plan(self, future: Sequence[Iterable[PartitionKey]]) -> None:
         """The partitions of the buckets to come, in order; :meth:`ensure` takes them one by
         one, evicts the partition needed furthest ahead and reads the next bucket's early."""
-        self._future = [frozenset(k for k in keys if k not in self.pinned) for keys in future]
-        self._cursor = 0
-
-    def _next_use(self, key: PartitionKey, start: int | None = None) -> float:
-        for i in range(self._cursor if start is None else start, len(self._future)):
-            if key in self._future[i]:
-                return i
-        return float("inf")
+        self._uses.plan([frozenset(k for k in keys if k not in self.pinned) for keys in future])
 
     def _victim(
         self, protect: set[PartitionKey], at: int | None = None, reading: bool = False
     ) -> PartitionKey | None:
-        """The resident partition to evict: needed furthest ahead (from the planned bucket
-        ``at``, by default the next one), else least recently used (``reading``: the
-        partitions being read ahead count as resident)."""
+        """The resident partition to evict (see :mod:`bigembed.train.memory.eviction`; from the
+        planned bucket ``at``, by default the next one; ``reading``: the partitions being read
+        ahead count as resident)."""
         held = [*self.loaded, *self._reading] if reading else list(self.loaded)
         candidates = [k for k in held if k not in protect and k not in self.pinned]
-        if not candidates:
-            return None
-        return max(
-            sorted(candidates),
-            key=lambda k: (self._next_use(k, at), -self._last_use.get(k, -1)),
-        )
+        return self._uses.victim(candidates, at)
 
     def _make_room(self, protect: set[PartitionKey]) -> bool:
         """Evict until one more table fits in the capacity (counting tables being written back,
@@ -468,11 +334,7 @@ class PartitionStore:
             self.loaded[key] = self._load_logged(key)
             self._note_peak()
         self.dirty |= want
-        self._clock += 1
-        for key in want:
-            self._last_use[key] = self._clock
-        if self._future and self._cursor < len(self._future):
-            self._cursor += 1
+        self._uses.used(want)
         self._note_peak()
         self.io_wait_seconds += time.perf_counter() - started
         self._prefetch(want)
@@ -487,17 +349,17 @@ class PartitionStore:
         if (
             (self.capacity is None and not self.managed)
             or not self._reader.background
-            or self._cursor >= len(self._future)
+            or self._uses.cursor >= len(self._uses.future)
         ):
             return
         if self.capacity is None:
-            upcoming = self._future[self._cursor]
+            upcoming = self._uses.future[self._uses.cursor]
             for key in sorted(upcoming - set(self.loaded) - set(self._reading)):
                 self._read_ahead(key)
             return
         needed = set(current)  # used from now until the bucket being looked at
-        for at in range(self._cursor, len(self._future)):
-            bucket = self._future[at]
+        for at in range(self._uses.cursor, len(self._uses.future)):
+            bucket = self._uses.future[at]
             for key in sorted(bucket - set(self.loaded) - set(self._reading)):
                 while self._alive() - len(self._writing) + 1 > self._room():
                     victim = self._victim(set(bucket), at, reading=True)

@@ -1,0 +1,193 @@
+"""The checkpoint of a distributed run: one directory on a disk every machine shares.
+
+:func:`open_shared_checkpoint` makes every rank agree on it at start-up (rank 0 discards an
+interrupted step and writes a probe file that every other rank must see).
+:class:`CooperativeCheckpoints` is the distributed checkpoint policy: each step ends with every
+trainer writing its share of partitions (``p mod M``), then rank 0 writing the unpartitioned
+embeddings, the model, the metadata and the merged stats and committing the version file last,
+with a barrier before and after, so a checkpoint is complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from bigembed.checkpoints import CheckpointStore
+from bigembed.distributed.auth import BadMac, Session, seal, unseal
+from bigembed.distributed.context import DistContext
+from bigembed.distributed.lock_planning import LockCosts
+from bigembed.distributed.parameter_sync import SharedParameterSync
+from bigembed.distributed.partition_server import PartitionClient
+from bigembed.distributed.store import store_set
+from bigembed.errors import CheckpointError, PeerError
+from bigembed.kernels import Table
+from bigembed.train import (
+    Iteration,
+    ModelState,
+    PartitionStore,
+    StepLog,
+    TrainingJob,
+    checkpoint_metadata,
+    commit_with_stats,
+    merge_step_logs,
+)
+
+logger = logging.getLogger(__name__)
+
+PROBE_FILE = ".bigembed_shared_disk_probe"
+
+
+def signed_value(ctx: DistContext, key: str) -> bytes:
+    """A value another rank wrote with :func:`seal` (checked when the run has a secret)."""
+    assert ctx.store is not None
+    try:
+        return unseal(ctx.session, key, ctx.store.get(key))
+    except BadMac as exc:
+        raise PeerError(
+            f"{exc}: not signed with the run's secret; somebody else writes to the rendezvous store"
+        ) from None
+
+
+def publish_signed(store: dist.Store, session: Session | None, key: str, value: str) -> None:
+    """Write ``value`` for the other ranks, signed with the run's key when it has a secret."""
+    store_set(store, key, seal(session, key, value))
+
+
+def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
+    """Open the checkpoint on every rank; returns the committed version they all see.
+
+    Rank 0 discards an interrupted step's files and writes a probe file; every other rank must
+    see the probe (the directory is on a disk all machines share) and the same version.
+    """
+    assert ctx.store is not None
+    ck = checkpoint
+    if ctx.rank == 0:
+        ck.open_for_training()
+        nonce = secrets.token_hex(8)
+        (ck.path / PROBE_FILE).write_text(nonce)
+        publish_signed(ctx.store, ctx.session, "open/nonce", nonce)
+        publish_signed(ctx.store, ctx.session, "open/version", str(ck.committed_version()))
+    ctx.barrier("open")
+    committed = ck.committed_version()
+    if ctx.rank != 0:
+        nonce = signed_value(ctx, "open/nonce").decode()
+        try:
+            seen = (ck.path / PROBE_FILE).read_text()
+        except OSError:
+            seen = None
+        if seen != nonce:
+            raise CheckpointError(
+                f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
+                "the file rank 0 just wrote there): put it on a disk all machines mount"
+            )
+        theirs = int(signed_value(ctx, "open/version"))
+        if theirs != committed:
+            raise CheckpointError(
+                f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
+            )
+    ctx.barrier("opened")
+    if ctx.rank == 0:
+        (ck.path / PROBE_FILE).unlink(missing_ok=True)
+    return committed
+
+
+class CooperativeCheckpoints:
+    """The distributed checkpoint policy: every trainer writes its share, rank 0 commits."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        job: TrainingJob,
+        state: ModelState,
+        checkpoint: CheckpointStore,
+        sync: SharedParameterSync,
+        partition_client: PartitionClient | None,
+        counters: Callable[[], tuple[int, int]],
+    ) -> None:
+        self.ctx = ctx
+        self.job = job
+        self.state = state
+        self.checkpoint = checkpoint
+        self.sync = sync
+        self.partition_client = partition_client
+        self.counters = counters  # (network bytes, lock waits) so far in this run
+        self.costs: LockCosts | None = None  # rank 0: fed each step's merged bucket records
+        self._reported = (0, 0)  # ... of them already in earlier steps' stats
+        self.partitions: PartitionStore | None = None
+
+    def save_step(self, it: Iteration, partitions: PartitionStore) -> None:
+        # The lock server said "done": this trainer has handed back all its partitions.
+        self.partitions = partitions
+        self.sync.flush()  # push this trainer's last updates
+        self.ctx.barrier(f"v{it.version}/trained")
+        self.sync.agree()  # everybody's, agreed: what the checkpoint commits
+        self._write_partition_share(partitions, it.version)
+
+    def _write_partition_share(self, store: PartitionStore, version: int) -> None:
+        """Write this trainer's share (``p mod M``) of the partitioned tables."""
+        ck, layout = self.checkpoint, self.ctx.layout
+        for key in sorted(store.counts):
+            if key in store.pinned or layout.writer_for(key) != self.ctx.rank:
+                continue
+            etype, part = key
+            if self.partition_client is not None:
+                table = Table(
+                    torch.empty((store.counts[key], store.dims[etype])),
+                    torch.empty(store.counts[key]),
+                )
+                if self.partition_client.fetch(key, table.emb, table.state, exact=True):
+                    ck.save_partition(etype, part, version, table.emb, table.state)
+                    continue
+            if ck.has_partition(etype, part, version):
+                continue  # swapped out through the checkpoint directory during this step
+            if store.committed > 0 and ck.has_partition(etype, part, store.committed):
+                ck.link_partition(etype, part, store.committed, version)
+                continue
+            table = store.read(key)  # never touched yet: materialise its initial value
+            ck.save_partition(etype, part, version, table.emb, table.state)
+
+    def commit_step(self, it: Iteration, log: StepLog) -> None:
+        ctx, ck = self.ctx, self.checkpoint
+        assert ctx.store is not None and self.partitions is not None
+        version = it.version
+        net, waits = self.counters()
+        log.step.net_bytes = net - self._reported[0]
+        log.step.lock_waits = waits - self._reported[1]
+        self._reported = (net, waits)
+        key = f"stats/{version}/{ctx.rank}"
+        publish_signed(ctx.store, ctx.session, key, json.dumps(log.to_json()))
+        ctx.barrier(f"v{version}/written")
+        if ctx.rank == 0:
+            parts = []
+            for r in ctx.layout.trainers:
+                parts.append(
+                    StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}")))
+                )
+                ctx.store.delete_key(f"stats/{version}/{r}")
+            merged = merge_step_logs(parts)
+            if self.costs is not None:
+                self.costs.observe(merged.buckets)
+            for pkey in sorted(self.partitions.pinned):
+                table = self.partitions.get(pkey)
+                ck.save_partition(pkey[0], pkey[1], version, table.emb, table.state)
+            ck.save_model(version, self.state.payload())
+            ck.write_metadata(checkpoint_metadata(self.job, it))
+            commit_with_stats(self.job, ck, it, merged)
+            step = merged.step
+            logger.info(
+                "step %d committed: %d edges by %d trainers, loss %.4f, %.0f edges/s, "
+                "%.1f MB over the network",
+                version,
+                step.stats.count,
+                ctx.layout.num_trainers,
+                step.stats.loss,
+                step.edges_per_sec,
+                (step.net_bytes or 0) / 1e6,
+            )
+        ctx.barrier(f"v{version}/committed")
