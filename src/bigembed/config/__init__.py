@@ -23,13 +23,15 @@ from bigembed.config.schema import (
     pbg_status,
     relation_list,
 )
-from bigembed.config.types import PRECISION_NAMES, STRATEGY_NAMES, OneOf
+from bigembed.config.types import PRECISION_NAMES, PRECISIONS, STRATEGIES, STRATEGY_NAMES, OneOf
 
 __all__ = [
     "BIGEMBED_ONLY_KEYS",
     "IGNORED_KEYS",
     "PBG_DIFFERENCES",
+    "PRECISIONS",
     "PRECISION_NAMES",
+    "STRATEGIES",
     "STRATEGY_NAMES",
     "ConfigSchema",
     "EarlyStoppingSchema",
