@@ -37,10 +37,10 @@ class DotComparator(Comparator):
 class _Normalize(torch.autograd.Function):
     """``F.normalize(x, dim=-1, eps=1e-12)`` with a two-pass backward.
 
-    Autograd's backward of ``x / norm(x).clamp_min(eps)`` walks the rows about eight times
-    (div, its two gradients, the norm's gradient, the expand's sum, ...); on small-dimension
-    graphs that is a tenth of a training step. Here: ``(g - y (g . y)) / |x|`` (the rows whose
-    norm is clamped to ``eps`` are divided by a constant: ``g / eps``).
+    Autograd's backward of ``x / norm(x).clamp_min(eps)`` walks the rows once per operation
+    (div, its two gradients, the norm's gradient, the expand's sum, ...). Here:
+    ``(g - y (g . y)) / |x|`` (the rows whose norm is clamped to ``eps`` are divided by a
+    constant: ``g / eps``).
     """
 
     EPS = 1e-12

@@ -84,7 +84,7 @@ class _SoftmaxLoss(torch.autograd.Function):
     Forward keeps the probabilities (block by block, no concatenation); backward is one
     multiply per block, so each block's gradient is a fresh contiguous tensor that the matmul
     backward can use without another copy. ``torch.logsumexp`` would recompute every exponential
-    in its backward, which on CPU costs about a third of the matmuls.
+    in its backward.
     """
 
     @staticmethod

@@ -34,9 +34,8 @@ class Operator(nn.Module):
     def _pick(param: Tensor, rel: Tensor | None) -> Tensor:
         """The parameter rows for ``rel`` (dynamic) or the parameter itself (standard).
 
-        ``index_select``, not ``param[rel]``: its backward is an ``index_add_``, about 3x
-        cheaper on CPU than the sorting ``index_put_`` that advanced indexing backpropagates
-        through.
+        ``index_select``, not ``param[rel]``: its backward is an ``index_add_``, cheaper on CPU
+        than the sorting ``index_put_`` that advanced indexing backpropagates through.
         """
         return param if rel is None else param.index_select(0, rel)
 

@@ -136,7 +136,7 @@ def _flat(kind: str, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _then_rate(key: str, value: Any, rate: float) -> list[tuple[str, Any]]:
-    """``edges_per_sec`` follows ``seconds`` (the key order of earlier writers)."""
+    """``edges_per_sec`` follows ``seconds`` (the format's key order)."""
     return [(key, value), ("edges_per_sec", rate)] if key == "seconds" else [(key, value)]
 
 
