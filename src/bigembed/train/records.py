@@ -127,17 +127,16 @@ def _nested(data: Any, timing: bool = False) -> Any:
 
 
 def _flat(kind: str, out: dict[str, Any]) -> dict[str, Any]:
-    """The JSON object of a record: its type, then the keys of ``at`` and ``timing`` among
-    its own (the inverse of :func:`_nested`)."""
+    """The JSON object of a record: its type, the keys of ``at`` and ``timing``, then its own,
+    ``edges_per_sec`` after ``seconds`` (the inverse of :func:`_nested`)."""
     at, timing = out.pop("at"), out.pop("timing", None) or {}
     rate = out.pop("edges_per_sec")
-    items = [(k, v) for key, value in out.items() for k, v in _then_rate(key, value, rate)]
-    return {"type": kind, **at, **timing, **dict(items)}
-
-
-def _then_rate(key: str, value: Any, rate: float) -> list[tuple[str, Any]]:
-    """``edges_per_sec`` follows ``seconds`` (the format's key order)."""
-    return [(key, value), ("edges_per_sec", rate)] if key == "seconds" else [(key, value)]
+    flat = {"type": kind, **at, **timing}
+    for key, value in out.items():
+        flat[key] = value
+        if key == "seconds":
+            flat["edges_per_sec"] = rate
+    return flat
 
 
 @dataclass(config=RECORD_CONFIG)
