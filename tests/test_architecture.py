@@ -196,8 +196,9 @@ def module_cycles(package: str, exempt: list[tuple[str, str]] = ()) -> list[list
     ``exempt`` (importer, imported) imports.
 
     The graph counts imports inside functions but not those under ``TYPE_CHECKING`` (type
-    hints only), as lint-imports does with ``exclude_type_checking_imports``. This sees what the acyclic contract cannot: a cycle through a package's own
-    ``__init__`` (a package is not one of its children)."""
+    hints only), as lint-imports does with ``exclude_type_checking_imports``. This sees what
+    the acyclic contract cannot: a cycle through a package's own ``__init__`` (a package is not
+    one of its children)."""
     import grimp
 
     graph = grimp.build_graph(package, cache_dir=None, exclude_type_checking_imports=True)

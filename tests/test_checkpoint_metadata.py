@@ -16,6 +16,7 @@ from bigembed.checkpoints.metadata import (
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import CheckpointError
+from bigembed.train.records import parse_records
 from bigembed.train.single_machine import train
 from evalkit import make_config, write_checkpoint
 from synthetic import graph_config, write_graph
@@ -126,7 +127,7 @@ def test_minimal_metadata_takes_defaults(tmp_path: Path) -> None:
         (lambda d: d.__setitem__("relation_names", [1]), "relation_names"),
         (lambda d: d.__setitem__("num_relations", True), "num_relations"),
         (lambda d: d.__setitem__("time", "now"), "time"),
-        (lambda d: d.pop("config"), "no 'config' object"),
+        (lambda d: d.pop("config"), "no 'config'"),
         (lambda d: d.__setitem__("format_version", 2), "format 2 is not supported"),
     ],
 )
@@ -167,3 +168,23 @@ def test_entity_types_with_underscores_load(tmp_path: Path) -> None:
     np.save(path, np.zeros((4, 3), np.float32))
     with pytest.raises(CheckpointError, match=r"embeddings_user_item_1\.v1\.npy: shape \(4, 3\)"):
         trained.mapped_embeddings("user_item", 1)
+
+
+OLD_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint_0.2.0"
+
+
+def test_files_of_earlier_writers_read_and_write_back_the_same() -> None:
+    """``training_stats.json`` and ``metadata.v1.json`` as bigembed 0.2.0 wrote them (a small
+    two-partition run with eval_fraction, plus a merged distributed step): every record reads,
+    and writes back exactly the object it was read from."""
+    raw = json.loads((OLD_CHECKPOINT / "metadata.v1.json").read_text())
+    record = CheckpointMetadata.from_json(raw, "metadata.v1.json", version=1)
+    assert record.to_json() == raw and record.entity_counts[("node", 1)] > 0
+    lines = [json.loads(line) for line in (OLD_CHECKPOINT / "training_stats.json").open()]
+    log = parse_records(lines, "training_stats.json")
+    assert len(log.buckets) + len(log.steps) == len(lines)
+    assert {b.trainer for b in log.buckets} == {None, 0}
+    assert any(b.timing is not None for b in log.buckets)
+    assert any(s.eval_after is not None for s in log.steps)
+    assert [r.to_json() for r in log.buckets] == [r for r in lines if r["type"] == "bucket"]
+    assert [r.to_json() for r in log.steps] == [r for r in lines if r["type"] == "step"]

@@ -8,8 +8,8 @@ import torch
 from bigembed.communication.codecs import (
     INT8_CHUNK,
     PRECISIONS,
-    CastCodec,
     ErrorFeedback,
+    Fp16Codec,
     Int8Codec,
     NonFiniteError,
     get_codec,
@@ -88,7 +88,7 @@ def test_lossy_codecs_refuse_non_finite(name: str, bad: float) -> None:
 
 def test_fp16_refuses_overflow_and_int8_refuses_huge_range() -> None:
     with pytest.raises(NonFiniteError, match="exceeds fp16's range"):
-        CastCodec("fp16", torch.float16).encode(torch.tensor([1.0, 70000.0]))
+        Fp16Codec().encode(torch.tensor([1.0, 70000.0]))
     with pytest.raises(NonFiniteError, match="overflows float32"):
         Int8Codec().encode(torch.tensor([-3e38, 3e38]))
 

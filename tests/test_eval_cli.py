@@ -111,7 +111,7 @@ def test_raw_only_and_sampled_protocol(model, tmp_path: Path) -> None:
     raw = evaluate_checkpoint(cfg, [root / "test"], filtered=False)
     assert raw.overall["filtered"] is None and not raw.filtered
     sampled = evaluate_checkpoint(cfg, [root / "test"], protocol="sampled")
-    data = json.loads(sampled.to_json())
+    data = json.loads(sampled.json_text())
     assert data["protocol"] == "sampled" and data["overall"]["filtered"] is None
     assert "sampled" in sampled.table().splitlines()[0]
     assert 0 < data["overall"]["raw"]["mrr"] <= 1 and data["loss"] > 0

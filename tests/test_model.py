@@ -10,8 +10,9 @@ import torch
 
 from bigembed.model.comparators import make_comparator
 from bigembed.model.losses import logistic_loss, ranking_loss, softmax_loss
+from bigembed.model.names import OPERATOR_NAMES
 from bigembed.model.negatives import MASKED, batch_negative_scores, shared_negative_scores
-from bigembed.model.operators import OPERATORS, make_operator
+from bigembed.model.operators import make_operator
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 POS = torch.tensor([0.8181, 0.5700, 0.3506])
@@ -79,7 +80,7 @@ def test_operators_on_fixed_tensors() -> None:
     assert make_operator("none", 4)(x) is x
 
 
-@pytest.mark.parametrize("name", sorted(OPERATORS))
+@pytest.mark.parametrize("name", sorted(OPERATOR_NAMES))
 def test_dynamic_operator_rows_match_standard(name: str) -> None:
     torch.manual_seed(0)
     dyn = make_operator(name, 4, num_relations=3)

@@ -2,8 +2,9 @@
 
 Each subcommand lives in its own module under :mod:`bigembed.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to the function that runs it
-(``func(args) -> int``). User errors (:class:`~bigembed.errors.BigembedError`) are printed as
-one line and give a non-zero exit status. So are the environment's refusals: an ``OSError``
+(``func(args) -> int``); :data:`COMMANDS` registers them. User errors
+(:class:`~bigembed.errors.BigembedError`) are printed as one line and give a non-zero exit
+status. So are the environment's refusals: an ``OSError``
 (read-only file system, no permission, disk full, a file where a directory belongs: the message
 names the path) and running out of memory (``MemoryError`` or torch's allocator error).
 Anything else is a bug and keeps its traceback.
@@ -17,33 +18,39 @@ semaphores released, nothing half-committed), one line naming the signal, exit s
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 from bigembed import __version__
 from bigembed.errors import BigembedError
+from bigembed.registry import Registry
 
-# Order here is the order in `bigembed --help`.
-COMMAND_MODULES = (
-    "demo",
-    "split_cmd",
-    "import_cmd",
-    "config_cmd",
-    "train_cmd",
-    "tune_cmd",
-    "eval_cmd",
-    "export_cmd",
-    "query_cmd",
-    "convert_cmd",
-    "plot_cmd",
-    "distributed_cmd",
+_CMD = "bigembed.commands"
+#: Every command's ``register(subparsers)``, in the order of ``bigembed --help``. A module may
+#: register more than its command: ``predict`` adds ``similar``, ``launch`` adds
+#: ``partition-server``.
+COMMANDS: Registry[Callable[[Any], None]] = Registry(
+    "command",
+    [
+        ("demo", f"{_CMD}.demo:register"),
+        ("split", f"{_CMD}.split_cmd:register"),
+        ("import", f"{_CMD}.import_cmd:register"),
+        ("config", f"{_CMD}.config_cmd:register"),
+        ("train", f"{_CMD}.train_cmd:register"),
+        ("tune", f"{_CMD}.tune_cmd:register"),
+        ("eval", f"{_CMD}.eval_cmd:register"),
+        ("export", f"{_CMD}.export_cmd:register"),
+        ("predict", f"{_CMD}.query_cmd:register"),
+        ("convert", f"{_CMD}.convert_cmd:register"),
+        ("plot", f"{_CMD}.plot_cmd:register"),
+        ("launch", f"{_CMD}.distributed_cmd:register"),
+    ],
 )
 
 
@@ -105,11 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name in COMMAND_MODULES:
-        qualified = f"bigembed.commands.{name}"
-        if importlib.util.find_spec(qualified) is None:
-            continue
-        importlib.import_module(qualified).register(subparsers)
+    for name in COMMANDS:
+        COMMANDS.get(name)(subparsers)
     return parser
 
 

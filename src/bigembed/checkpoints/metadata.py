@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import PlainSerializer, PlainValidator, StrictFloat, StrictStr
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 from bigembed import __version__
 from bigembed.errors import CheckpointError
 from bigembed.partition_keys import PartitionKey
+from bigembed.serialization import RECORD_CONFIG, JsonForm, NonNegativeInt, omit_none
 
 FORMAT_VERSION = 1
 
@@ -67,159 +72,108 @@ def parse_partition_key(text: str) -> PartitionKey | None:
     return etype, int(part)
 
 
-def _fail(path: str | Path, what: str) -> CheckpointError:
-    return CheckpointError(f"{path}: corrupt metadata ({what})")
+class _MetadataForm(JsonForm):
+    """The metadata records: a file that does not validate is a :class:`CheckpointError`."""
+
+    json_what = "corrupt metadata"
+
+    @classmethod
+    def json_error(cls, source: object, detail: str) -> Exception:
+        return CheckpointError(f"{source}: {cls.json_what} ({detail})")
 
 
-def _optional_int(value: object, key: str, path: str | Path) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _fail(path, f"{key} is {value!r}, not a non-negative integer")
-    return value
-
-
-@dataclass(frozen=True)
-class IterationPosition:
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class IterationPosition(_MetadataForm):
     """Which (epoch, edge path, edge chunk) step produced a version, and the run's extent.
 
-    Every field may be unknown (None): checkpoints written by tools or converted from PBG need
-    not carry all of them. Training writes them all.
+    Every field may be unknown (None, left out of the JSON form): checkpoints written by tools
+    or converted from PBG need not carry all of them. Training writes them all.
     """
 
-    epoch_idx: int | None = None
-    num_epochs: int | None = None
-    edge_path_idx: int | None = None
-    num_edge_paths: int | None = None
-    edge_path: str | None = None
-    edge_chunk_idx: int | None = None
-    num_edge_chunks: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The known fields (unknown ones are left out)."""
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
-        }
-
-    @classmethod
-    def from_json(cls, data: object, path: str | Path) -> IterationPosition:
-        """From an ``iteration`` object; keys other than the fields are ignored."""
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise _fail(path, "iteration is not an object")
-        edge_path = data.get("edge_path")
-        if edge_path is not None and not isinstance(edge_path, str):
-            raise _fail(path, f"iteration.edge_path is {edge_path!r}, not a string")
-        ints = {
-            f.name: _optional_int(data.get(f.name), f"iteration.{f.name}", path)
-            for f in fields(cls)
-            if f.name != "edge_path"
-        }
-        return cls(edge_path=edge_path, **ints)
+    epoch_idx: NonNegativeInt | None = omit_none()
+    num_epochs: NonNegativeInt | None = omit_none()
+    edge_path_idx: NonNegativeInt | None = omit_none()
+    num_edge_paths: NonNegativeInt | None = omit_none()
+    edge_path: StrictStr | None = omit_none()
+    edge_chunk_idx: NonNegativeInt | None = omit_none()
+    num_edge_chunks: NonNegativeInt | None = omit_none()
 
 
-@dataclass(frozen=True)
-class CheckpointMetadata:
-    """Everything ``metadata.v{N}.json`` records about checkpoint version ``version``."""
-
-    version: int
-    config: dict[str, Any]  # the full job config, as config_to_dict writes it
-    iteration: IterationPosition
-    entity_counts: PartitionCounts  # rows per (entity type, partition)
-    num_relations: int
-    relation_names: list[str]
-    import_id: str | None = None  # the entity store's import it was trained on (None: unknown)
-    bigembed_version: str | None = __version__
-    converted_from: dict[str, Any] | None = None  # set by `bigembed convert`
-    time: float = field(default_factory=time.time)
-    format_version: int = FORMAT_VERSION
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object written to ``metadata.v{N}.json``."""
-        data: dict[str, Any] = {
-            "format_version": self.format_version,
-            "version": self.version,
-            "time": self.time,
-            "config": self.config,
-            "iteration": self.iteration.to_json(),
-            "entity_counts": {
-                partition_key_text(t, p): n for (t, p), n in self.entity_counts.items()
-            },
-            "num_relations": self.num_relations,
-            "relation_names": list(self.relation_names),
-            "import_id": self.import_id,
-        }
-        if self.bigembed_version is not None:
-            data["bigembed_version"] = self.bigembed_version
-        if self.converted_from is not None:
-            data["converted_from"] = self.converted_from
-        return data
-
-    @classmethod
-    def from_json(
-        cls, data: object, path: str | Path, version: int | None = None
-    ) -> CheckpointMetadata:
-        """Validate a parsed ``metadata.v{N}.json``; ``path`` names it in every error.
-
-        ``version`` is the version the file name gives, used when the object has none.
-        """
-        if not isinstance(data, Mapping):
-            raise _fail(path, "not a JSON object")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise CheckpointError(
-                f"{path}: checkpoint format {data.get('format_version')} is not supported "
-                f"(this bigembed reads format {FORMAT_VERSION})"
-            )
-        config = data.get("config")
-        if not isinstance(config, dict):
-            raise _fail(path, "no 'config' object")
-        recorded_version = _optional_int(data.get("version"), "version", path)
-        if recorded_version is None:
-            if version is None:
-                raise _fail(path, "no 'version'")
-            recorded_version = version
-        relations = config.get("relations")
-        num_relations = _optional_int(data.get("num_relations"), "num_relations", path)
-        if num_relations is None:
-            num_relations = len(relations) if isinstance(relations, list) else 0
-        names = data.get("relation_names", [])
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise _fail(path, "relation_names is not a list of strings")
-        import_id = data.get("import_id")
-        bigembed_version = data.get("bigembed_version")
-        converted_from = data.get("converted_from")
-        stamp = data.get("time", 0.0)
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-            raise _fail(path, f"time is {stamp!r}, not a number")
-        return cls(
-            version=recorded_version,
-            config=config,
-            iteration=IterationPosition.from_json(data.get("iteration"), path),
-            entity_counts=_entity_counts(data.get("entity_counts", {}), path),
-            num_relations=num_relations,
-            relation_names=list(names),
-            import_id=import_id if isinstance(import_id, str) else None,
-            bigembed_version=bigembed_version if isinstance(bigembed_version, str) else None,
-            converted_from=converted_from if isinstance(converted_from, dict) else None,
-            time=float(stamp),
-        )
-
-    def entity_types(self) -> list[str]:
-        """The entity types with at least one partition count, in first-seen order."""
-        return list(dict.fromkeys(t for t, _ in self.entity_counts))
-
-
-def _entity_counts(raw: object, path: str | Path) -> PartitionCounts:
+def _entity_counts(raw: object) -> PartitionCounts:
+    """``{"{type}_{part}": count}`` (on disk) to ``{(type, part): count}``."""
+    if isinstance(raw, Mapping) and all(isinstance(k, tuple) for k in raw):
+        return dict(raw)  # a record's own mapping (the constructor)
     if not isinstance(raw, Mapping):
-        raise _fail(path, "entity_counts is not an object")
+        raise PydanticCustomError("dict_type", "not an object")
     counts: PartitionCounts = {}
     for text, count in raw.items():
         key = parse_partition_key(str(text))
         if key is None:
-            raise _fail(path, f"entity_counts key {text!r} is not '<type>_<partition>'")
-        value = _optional_int(count, f"entity_counts[{text!r}]", path)
-        if value is None:
-            raise _fail(path, f"entity_counts[{text!r}] is null")
-        counts[key] = value
+            raise PydanticCustomError(
+                "detail", "{detail}", {"detail": f" key {text!r} is not '<type>_<partition>'"}
+            )
+        if count is None or isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            why = "null" if count is None else f"{count!r}, not a non-negative integer"
+            raise PydanticCustomError("detail", "{detail}", {"detail": f"[{text!r}] is {why}"})
+        counts[key] = count
     return counts
+
+
+def _entity_count_texts(counts: PartitionCounts) -> dict[str, int]:
+    return {partition_key_text(t, p): n for (t, p), n in counts.items()}
+
+
+#: Rows per (entity type, partition); on disk keyed by :func:`partition_key_text`.
+EntityCounts = Annotated[
+    PartitionCounts, PlainValidator(_entity_counts), PlainSerializer(_entity_count_texts)
+]
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class CheckpointMetadata(_MetadataForm):
+    """Everything ``metadata.v{N}.json`` records about checkpoint version ``version``."""
+
+    version: NonNegativeInt
+    config: dict[str, Any]  # the full job config, as config_to_dict writes it
+    iteration: IterationPosition
+    entity_counts: EntityCounts  # rows per (entity type, partition)
+    num_relations: NonNegativeInt
+    relation_names: list[StrictStr]
+    import_id: str | None = None  # the entity store's import it was trained on (None: unknown)
+    bigembed_version: str | None = omit_none(default=__version__)
+    converted_from: dict[str, Any] | None = omit_none()  # set by `bigembed convert`
+    time: StrictFloat = field(default_factory=time.time)
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_json(
+        cls, data: object, source: object = None, version: int | None = None
+    ) -> CheckpointMetadata:
+        """Validate a parsed ``metadata.v{N}.json``; ``source`` (its path) names it in every
+        error. ``version`` is the version the file name gives, used when the object has none;
+        the other optional keys missing or null take their defaults."""
+        if not isinstance(data, Mapping):
+            raise cls.json_error(source, "not a JSON object")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{source}: checkpoint format {data.get('format_version')} is not supported "
+                f"(this bigembed reads format {FORMAT_VERSION})"
+            )
+        config = data.get("config")
+        relations = config.get("relations") if isinstance(config, dict) else None
+        defaults: dict[str, Any] = {
+            "iteration": {},
+            "entity_counts": {},
+            "num_relations": len(relations) if isinstance(relations, list) else 0,
+            "relation_names": [],
+            "time": 0.0,
+            "bigembed_version": None,  # not the reader's
+        }
+        if version is not None:
+            defaults["version"] = version
+        given = {k: v for k, v in data.items() if v is not None or k not in defaults}
+        return super().from_json({**defaults, **given}, source)
+
+    def entity_types(self) -> list[str]:
+        """The entity types with at least one partition count, in first-seen order."""
+        return list(dict.fromkeys(t for t, _ in self.entity_counts))

@@ -329,7 +329,7 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: corrupt metadata ({exc})") from None
         except OSError as exc:
             raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        return CheckpointMetadata.from_json(data, path, version)
+        return CheckpointMetadata.from_json(data, path, version=version)
 
     # ------------------------------------------------------------------ stats
     def read_stats(self, max_version: int | None = None) -> list[dict[str, Any]]:

@@ -36,10 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bigembed.config import PRECISION_NAMES
+from bigembed.config import PRECISIONS
 
-PRECISIONS: tuple[str, ...] = PRECISION_NAMES
-"""The codec names: the config's list (``communication.precision``), which get_codec covers."""
 INT8_CHUNK = 1024
 _LEVELS = 255
 _FP16_MAX = float(torch.finfo(torch.float16).max)
@@ -82,8 +80,12 @@ def _check_finite(x: Tensor, codec: str) -> None:
 class Codec:
     """Base of the codecs: float32 in, :class:`Encoded` out."""
 
-    name: str = ""
     lossless = False
+
+    @property
+    def name(self) -> str:
+        """Its ``communication.precision`` name (the registry's, not a copy)."""
+        return PRECISIONS.name_of(type(self))
 
     def encode(self, x: Tensor) -> Encoded:
         raise NotImplementedError
@@ -97,7 +99,6 @@ class Codec:
 
 
 class Fp32Codec(Codec):
-    name = "fp32"
     lossless = True
 
     def encode(self, x: Tensor) -> Encoded:
@@ -111,11 +112,9 @@ class Fp32Codec(Codec):
 
 
 class CastCodec(Codec):
-    """fp16 / bf16: a plain cast."""
+    """fp16 / bf16: a plain cast to ``dtype``."""
 
-    def __init__(self, name: str, dtype: torch.dtype) -> None:
-        self.name = name
-        self.dtype = dtype
+    dtype: torch.dtype
 
     def encode(self, x: Tensor) -> Encoded:
         _check_finite(x, self.name)
@@ -135,10 +134,16 @@ class CastCodec(Codec):
         return Encoded(self.name, data, numel, shape or (numel,))
 
 
+class Fp16Codec(CastCodec):
+    dtype = torch.float16
+
+
+class Bf16Codec(CastCodec):
+    dtype = torch.bfloat16
+
+
 class Int8Codec(Codec):
     """Chunk-wise min/max quantization to uint8 codes (see the module docstring)."""
-
-    name = "int8"
 
     def __init__(self, chunk: int = INT8_CHUNK) -> None:
         if chunk <= 0:
@@ -190,15 +195,8 @@ class Int8Codec(Codec):
 
 def get_codec(name: str) -> Codec:
     """The codec of a ``communication.precision`` value."""
-    if name == "fp32":
-        return Fp32Codec()
-    if name == "fp16":
-        return CastCodec("fp16", torch.float16)
-    if name == "bf16":
-        return CastCodec("bf16", torch.bfloat16)
-    if name == "int8":
-        return Int8Codec()
-    raise ValueError(f"unknown precision {name!r} (one of {', '.join(PRECISIONS)})")
+    codec: Codec = PRECISIONS.get(name)()
+    return codec
 
 
 class ErrorFeedback:

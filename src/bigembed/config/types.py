@@ -5,7 +5,8 @@ strings (any case), enums are matched case-insensitively. YAML 1.1 reads ``1e-3`
 *string* (it wants a dot: ``1.0e-3``), so numbers written that way are accepted too.
 
 The names of operators, comparators, losses and compute dtypes are not listed here: they are
-the model's registries (:mod:`bigembed.model.names`), checked by :class:`OneOf`.
+the model's registries (:mod:`bigembed.model.names`), checked by :class:`OneOf`. The registries
+of precisions and communication strategies are (the config is below the communication layer).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from bigembed.model import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
+from bigembed.model import COMPARATOR_NAMES, COMPUTE_DTYPE_NAMES, LOSS_NAMES, OPERATOR_NAMES
+from bigembed.registry import Registry
 
 _TRUE = frozenset({"true", "yes", "on", "1", "y", "t"})
 _FALSE = frozenset({"false", "no", "off", "0", "n", "f"})
@@ -164,12 +166,33 @@ class OneOf:
         raise PydanticCustomError("choice", "Input should be {expected}", {"expected": expected})
 
 
-#: The precisions of ``communication.precision``: the one list, which
-#: :mod:`bigembed.communication` (above the config in the layers) implements and imports.
-PRECISION_NAMES: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+_CODECS = "bigembed.communication.codecs"
+_STRATEGIES = "bigembed.communication.strategies"
+#: ``communication.precision``: the codec of each precision. Registered here, below
+#: :mod:`bigembed.communication` in the layers, so that the config knows the names without
+#: importing the codecs (torch).
+PRECISIONS: Registry[Any] = Registry(
+    "precision",
+    [
+        ("fp32", f"{_CODECS}:Fp32Codec"),
+        ("fp16", f"{_CODECS}:Fp16Codec"),
+        ("bf16", f"{_CODECS}:Bf16Codec"),
+        ("int8", f"{_CODECS}:Int8Codec"),
+    ],
+)
 #: ``communication.strategy``: how shared parameters are kept in step (one class each in
-#: :mod:`bigembed.communication.strategies`, which imports this list).
-STRATEGY_NAMES: tuple[str, ...] = ("async_ps", "allreduce", "async_model_average", "decentralized")
+#: :mod:`bigembed.communication.strategies`), registered here for the same reason.
+STRATEGIES: Registry[Any] = Registry(
+    "communication strategy",
+    [
+        ("async_ps", f"{_STRATEGIES}.async_ps:AsyncParameterServer"),
+        ("allreduce", f"{_STRATEGIES}.allreduce:Allreduce"),
+        ("async_model_average", f"{_STRATEGIES}.async_model_average:AsyncModelAverage"),
+        ("decentralized", f"{_STRATEGIES}.decentralized:Decentralized"),
+    ],
+)
+PRECISION_NAMES: tuple[str, ...] = PRECISIONS.names
+STRATEGY_NAMES: tuple[str, ...] = STRATEGIES.names
 #: ``communication.partition_precision``: how partitions travel to and from partition servers.
 PARTITION_PRECISION_NAMES: tuple[str, ...] = ("fp32", "compressed")
 
@@ -191,7 +214,7 @@ BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in", "buf
 OperatorName = Annotated[str, OneOf(OPERATOR_NAMES)]
 ComparatorName = Annotated[str, OneOf(COMPARATOR_NAMES)]
 LossName = Annotated[str, OneOf(LOSS_NAMES)]
-ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPES)]
+ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPE_NAMES)]
 PrecisionName = Annotated[str, OneOf(PRECISION_NAMES)]
 EvalProtocolName = Annotated[str, OneOf(("full", "sampled"))]
 ValidationMetricName = Annotated[str, OneOf(("mrr", "hits@1", "hits@3", "hits@10", "auc"))]

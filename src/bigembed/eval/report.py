@@ -12,11 +12,13 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field, field_serializer
+from pydantic.dataclasses import dataclass
 from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
@@ -33,6 +35,7 @@ from bigembed.ranking import (
     summarize,
     summarize_groups,
 )
+from bigembed.serialization import RECORD_CONFIG, JsonForm, omit_none
 
 logger = logging.getLogger(__name__)
 
@@ -48,55 +51,41 @@ _MODEL_KEYS = (
 )
 
 
-@dataclass
-class EvalReport:
-    """Metrics of one evaluation; ``table()`` for people, ``to_json()`` for programs."""
+@dataclass(kw_only=True, config=RECORD_CONFIG)
+class EvalReport(JsonForm):
+    """Metrics of one evaluation; ``table()`` for people, ``to_json()`` for programs.
+
+    The fields are in the order of the JSON form's keys (aliases: the keys that differ).
+    """
 
     protocol: str
     checkpoint: str
     version: int
-    inputs: list[dict[str, Any]]
-    filter_inputs: list[str]
+    inputs: list[dict[str, Any]] = Field(serialization_alias="edges")
     num_edges: int
-    num_known: int
     filtered: bool
+    filter_inputs: list[str] = Field(serialization_alias="filter_edges")
+    num_known: int = Field(serialization_alias="num_known_edges")
     candidates: str
-    overall: dict[str, dict[str, float] | None]
-    sides: dict[str, dict[str, dict[str, float] | None]]
-    per_relation: list[dict[str, Any]] | None = None
+    ties: str = "count against the true entity"
+    overall: dict[str, dict[str, Any] | None]
+    sides: dict[str, dict[str, dict[str, Any] | None]]
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
-    loss: float | None = None
+    loss: float | None = omit_none()
+    per_relation: list[dict[str, Any]] | None = omit_none()
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "protocol": self.protocol,
-            "checkpoint": self.checkpoint,
-            "version": self.version,
-            "edges": self.inputs,
-            "num_edges": self.num_edges,
-            "filtered": self.filtered,
-            "filter_edges": self.filter_inputs,
-            "num_known_edges": self.num_known,
-            "candidates": self.candidates,
-            "ties": "count against the true entity",
-            "overall": self.overall,
-            "sides": self.sides,
-            "seconds": round(self.seconds, 3),
-            "notes": self.notes,
-        }
-        if self.loss is not None:
-            out["loss"] = self.loss
-        if self.per_relation is not None:
-            out["per_relation"] = self.per_relation
-        return out
+    @field_serializer("seconds")
+    def _rounded(self, value: float) -> float:
+        return round(value, 3)
 
-    def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent) + "\n"
+    def json_text(self, indent: int | None = 1) -> str:
+        """:meth:`to_json` as the text ``bigembed eval --json`` writes."""
+        return json.dumps(self.to_json(), indent=indent) + "\n"
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_json` to ``path`` atomically (never a half-written report)."""
-        atomic_write_text(path, self.to_json())
+        """Write :meth:`json_text` to ``path`` atomically (never a half-written report)."""
+        atomic_write_text(path, self.json_text())
 
     @property
     def headline(self) -> dict[str, float] | None:

@@ -1,6 +1,15 @@
 from .batch import BatchScores, Corruption, NegativeSettings, QueryBatch, SideEmbeddings
 from .comparators import Comparator, CosComparator, DotComparator
-from .names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
+from .names import (
+    COMPARATOR_NAMES,
+    COMPARATORS,
+    COMPUTE_DTYPE_NAMES,
+    COMPUTE_DTYPES,
+    LOSS_NAMES,
+    LOSSES,
+    OPERATOR_NAMES,
+    OPERATORS,
+)
 from .negatives import MASKED, batch_negative_unmasked
 from .operators import DiagonalOperator, IdentityOperator, TranslationOperator
 from .pbg_names import from_pbg, pbg_param_name, to_pbg
@@ -8,10 +17,14 @@ from .scoring import ScoringModel
 from .spec import ModelSpec, RelationSpec
 
 __all__ = [
+    "COMPARATORS",
     "COMPARATOR_NAMES",
     "COMPUTE_DTYPES",
+    "COMPUTE_DTYPE_NAMES",
+    "LOSSES",
     "LOSS_NAMES",
     "MASKED",
+    "OPERATORS",
     "OPERATOR_NAMES",
     "BatchScores",
     "Comparator",

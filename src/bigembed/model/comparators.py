@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bigembed.model.names import COMPARATOR_NAMES
+from bigembed.model.names import COMPARATORS
 
 
 class Comparator:
@@ -37,10 +37,10 @@ class DotComparator(Comparator):
 class _Normalize(torch.autograd.Function):
     """``F.normalize(x, dim=-1, eps=1e-12)`` with a two-pass backward.
 
-    Autograd's backward of ``x / norm(x).clamp_min(eps)`` walks the rows about eight times
-    (div, its two gradients, the norm's gradient, the expand's sum, ...); on small-dimension
-    graphs that is a tenth of a training step. Here: ``(g - y (g . y)) / |x|`` (the rows whose
-    norm is clamped to ``eps`` are divided by a constant: ``g / eps``).
+    Autograd's backward of ``x / norm(x).clamp_min(eps)`` walks the rows once per operation
+    (div, its two gradients, the norm's gradient, the expand's sum, ...). Here:
+    ``(g - y (g . y)) / |x|`` (the rows whose norm is clamped to ``eps`` are divided by a
+    constant: ``g / eps``).
     """
 
     EPS = 1e-12
@@ -103,19 +103,8 @@ class BiasedComparator(Comparator):
         return scores + anchors[..., :1] + negs[..., 0].unsqueeze(1)
 
 
-#: The implementation of each name of :data:`bigembed.model.names.COMPARATOR_NAMES`.
-COMPARATORS: dict[str, type[Comparator]] = dict(
-    zip(
-        COMPARATOR_NAMES,
-        (DotComparator, CosComparator, L2Comparator, SquaredL2Comparator),
-        strict=True,
-    )
-)
-
-
 def make_comparator(name: str, bias: bool = False) -> Comparator:
-    try:
-        comparator = COMPARATORS[name]()
-    except KeyError:
-        raise ValueError(f"unknown comparator {name!r} (known: {', '.join(COMPARATORS)})") from None
+    """The comparator called ``name`` (a name of :data:`bigembed.model.names.COMPARATORS`);
+    with ``bias``, coordinate 0 of each embedding is an additive bias."""
+    comparator = COMPARATORS.get(name)()
     return BiasedComparator(comparator) if bias else comparator

@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bigembed.model.names import LOSS_NAMES
+from bigembed.model.names import LOSSES
 
 Negatives = Sequence[Tensor]
 LossFn = Callable[[Tensor, Negatives, "Tensor | None"], Tensor]
+#: What :data:`bigembed.model.names.LOSSES` registers: the loss made from the margin.
+LossFactory = Callable[[float], LossFn]
 
 
 def _blocks(neg: Tensor | Negatives) -> list[Tensor]:
@@ -82,7 +84,7 @@ class _SoftmaxLoss(torch.autograd.Function):
     Forward keeps the probabilities (block by block, no concatenation); backward is one
     multiply per block, so each block's gradient is a fresh contiguous tensor that the matmul
     backward can use without another copy. ``torch.logsumexp`` would recompute every exponential
-    in its backward, which on CPU costs about a third of the matmuls.
+    in its backward.
     """
 
     @staticmethod
@@ -139,25 +141,17 @@ class RankingLoss:
         return f"RankingLoss(margin={self.margin})"
 
 
-def _logistic(margin: float) -> LossFn:
+def logistic(margin: float) -> LossFn:
+    """The ``logistic`` loss (no margin)."""
     return logistic_loss
 
 
-def _softmax(margin: float) -> LossFn:
+def softmax(margin: float) -> LossFn:
+    """The ``softmax`` loss (no margin)."""
     return softmax_loss
 
 
-#: How each name of :data:`bigembed.model.names.LOSS_NAMES` is made from the margin (only the
-#: ranking loss uses it).
-LOSSES: dict[str, Callable[[float], LossFn]] = dict(
-    zip(LOSS_NAMES, (RankingLoss, _logistic, _softmax), strict=True)
-)
-
-
 def make_loss(name: str, margin: float = 0.1) -> LossFn:
-    """The loss called ``name``; every result is picklable (workers receive it by pickle)."""
-    try:
-        factory = LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r} (known: {', '.join(LOSSES)})") from None
-    return factory(margin)
+    """The loss called ``name`` (a name of :data:`bigembed.model.names.LOSSES`); every result
+    is picklable (workers receive it by pickle)."""
+    return LOSSES.get(name)(margin)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from bigembed.model.names import OPERATOR_NAMES
+from bigembed.model.names import OPERATORS
 
 #: Relation dropout: maps the parameter rows picked for a batch to their dropped-out copy.
 ParamDropout = Callable[[Tensor], Tensor]
@@ -34,9 +34,8 @@ class Operator(nn.Module):
     def _pick(param: Tensor, rel: Tensor | None) -> Tensor:
         """The parameter rows for ``rel`` (dynamic) or the parameter itself (standard).
 
-        ``index_select``, not ``param[rel]``: its backward is an ``index_add_``, about 3x
-        cheaper on CPU than the sorting ``index_put_`` that advanced indexing backpropagates
-        through.
+        ``index_select``, not ``param[rel]``: its backward is an ``index_add_``, cheaper on CPU
+        than the sorting ``index_put_`` that advanced indexing backpropagates through.
         """
         return param if rel is None else param.index_select(0, rel)
 
@@ -251,23 +250,6 @@ class ComplexDiagonalOperator(Operator):
         return (re.pow(2) + im.pow(2)).sqrt()
 
 
-#: The implementation of each name of :data:`bigembed.model.names.OPERATOR_NAMES`.
-OPERATORS: dict[str, type[Operator]] = dict(
-    zip(
-        OPERATOR_NAMES,
-        (
-            IdentityOperator,
-            TranslationOperator,
-            DiagonalOperator,
-            LinearOperator,
-            AffineOperator,
-            ComplexDiagonalOperator,
-        ),
-        strict=True,
-    )
-)
-
-
 def make_operator(
     name: str,
     dim: int,
@@ -275,14 +257,11 @@ def make_operator(
     init_scale: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Operator:
-    """Instantiate the operator called ``name`` (a key of :data:`OPERATORS`): the identity
-    transform (PBG's initialization), or with ``init_scale`` random parameters drawn from
-    ``generator`` (:meth:`Operator.randomize_`)."""
-    try:
-        cls = OPERATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown operator {name!r} (known: {', '.join(OPERATORS)})") from None
-    op = cls(dim, num_relations)
+    """Instantiate the operator called ``name`` (a name of
+    :data:`bigembed.model.names.OPERATORS`): the identity transform (PBG's initialization), or
+    with ``init_scale`` random parameters drawn from ``generator`` (:meth:`Operator.randomize_`).
+    """
+    op = OPERATORS.get(name)(dim, num_relations)
     if init_scale is not None:
         op.randomize_(init_scale, generator if generator is not None else torch.Generator())
     return op

@@ -69,10 +69,6 @@ def _operator(operators: nn.ModuleList, idx: int) -> Operator:
     return cast(Operator, operators[idx])
 
 
-#: The torch dtype of each name of :data:`bigembed.model.names.COMPUTE_DTYPES`.
-_COMPUTE_DTYPES = dict(zip(COMPUTE_DTYPES, (torch.float32, torch.bfloat16), strict=True))
-
-
 class ScoringModel(nn.Module):
     """Operators, comparator and loss of one :class:`ModelSpec` (kept as ``self.spec``)."""
 
@@ -94,13 +90,7 @@ class ScoringModel(nn.Module):
         self.entity_dropout = float(spec.entity_dropout)
         self.relation_dropout = float(spec.relation_dropout)
         self.dropout = self.entity_dropout > 0 or self.relation_dropout > 0
-        try:
-            self.compute_dtype = _COMPUTE_DTYPES[spec.compute_dtype]
-        except KeyError:
-            known = ", ".join(_COMPUTE_DTYPES)
-            raise ValueError(
-                f"unknown compute dtype {spec.compute_dtype!r} (known: {known})"
-            ) from None
+        self.compute_dtype = COMPUTE_DTYPES.get(spec.compute_dtype)
         # One generator for every operator, in construction order: the same seed gives the
         # same operators in every process that builds the model (Hogwild, distributed ranks).
         init = spec.relation_init_scale

@@ -2,13 +2,13 @@
 
 ``training_stats.json`` (written by :meth:`bigembed.checkpoints.store.CheckpointStore.append_stats`)
 holds one JSON object per line: the :class:`BucketRecord` lines of a step, then its
-:class:`StepRecord` line (``"type": "bucket"`` / ``"type": "step"``). :meth:`to_json` and
-:meth:`from_json` are the only places that know the keys; the training loop writes records,
+:class:`StepRecord` line (``"type": "bucket"`` / ``"type": "step"``). The records' fields are
+their keys (:mod:`bigembed.serialization`): the training loop writes records,
 :func:`merge_step_logs` merges the logs of the trainers of a distributed run, and
 :func:`read_training_log` is the reader that ``bigembed plot``, ``bigembed train``'s summary and
-the benchmarks use.
+the benchmarks use. A missing optional key takes its default, so files of earlier writers read.
 
-Keys (unchanged since the first release, so older checkpoints still read):
+Keys:
 
 * both: ``version`` (the checkpoint version the step produced), ``epoch_idx``,
   ``edge_path_idx``, ``edge_chunk_idx``, ``stats`` (:class:`EdgeStats`: ``count`` edges and the
@@ -19,23 +19,35 @@ Keys (unchanged since the first release, so older checkpoints still read):
   distributed runs ``trainer``; where the balance of work was measured (:class:`BucketTiming`):
   ``load_seconds`` (waiting for the bucket's partitions and edges), ``train_seconds`` (the
   Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
-* step: ``io_bytes_read``, ``io_bytes_written``, and in distributed runs ``net_bytes``,
-  ``lock_waits``, ``trainers``.
+* step: ``io_bytes_read``, ``io_bytes_written``, ``io_wait_seconds``, and in distributed runs
+  ``net_bytes``, ``lock_waits``, ``trainers``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
+from pydantic import (
+    SerializerFunctionWrapHandler,
+    computed_field,
+    field_serializer,
+    model_serializer,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+
 from bigembed.checkpoints import CheckpointStore
+from bigembed.serialization import RECORD_CONFIG, JsonForm, omit_none
 
 logger = logging.getLogger(__name__)
 
-Metrics = dict[str, float]
-"""Ranking metrics of withheld edges (``RankingSums.summary()``): count, mr, mrr, hits@k, ..."""
+Metrics = dict[str, Any]
+"""Ranking metrics of withheld edges (``RankingSums.summary()``): count, mr, mrr, hits@k, ...
+(``Any``: kept as given, so an integer count stays an integer on disk)."""
 
 
 def weighted_mean(items: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -50,8 +62,8 @@ def weighted_mean(items: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]
     return out
 
 
-@dataclass(frozen=True)
-class EdgeStats:
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class EdgeStats(JsonForm):
     """Training stats of some edges: their count and the per-edge means."""
 
     count: int = 0
@@ -68,25 +80,6 @@ class EdgeStats:
         n = max(count, 1)
         return cls(count, loss / n, reg / n, violators_lhs / n, violators_rhs / n)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "count": self.count,
-            "loss": self.loss,
-            "reg": self.reg,
-            "violators_lhs": self.violators_lhs,
-            "violators_rhs": self.violators_rhs,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> EdgeStats:
-        return cls(
-            int(data.get("count", 0)),
-            float(data.get("loss", 0.0)),
-            float(data.get("reg", 0.0)),
-            float(data.get("violators_lhs", 0.0)),
-            float(data.get("violators_rhs", 0.0)),
-        )
-
     @staticmethod
     def merge(parts: Sequence[EdgeStats]) -> EdgeStats:
         """The stats of all the parts' edges (count-weighted means)."""
@@ -98,74 +91,56 @@ def _merge_metrics(parts: Iterable[Metrics | None]) -> Metrics | None:
     return weighted_mean(present) if present else None
 
 
-@dataclass(frozen=True)
-class Position:
-    """Where a record belongs: the step's checkpoint version and its (epoch, edge set, chunk)."""
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class Position(JsonForm):
+    """Where a record belongs: the step's checkpoint version and its (epoch, edge set, chunk).
+
+    On disk its keys are the record's own (see :func:`_flat`)."""
 
     version: int
-    epoch_idx: int
-    edge_path_idx: int
-    edge_chunk_idx: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "epoch_idx": self.epoch_idx,
-            "edge_path_idx": self.edge_path_idx,
-            "edge_chunk_idx": self.edge_chunk_idx,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Position:
-        return cls(
-            int(data["version"]),
-            int(data.get("epoch_idx", 0)),
-            int(data.get("edge_path_idx", 0)),
-            int(data.get("edge_chunk_idx", 0)),
-        )
+    epoch_idx: int = 0
+    edge_path_idx: int = 0
+    edge_chunk_idx: int = 0
 
 
-def _timing(stats: EdgeStats, seconds: float) -> dict[str, Any]:
-    return {"seconds": seconds, "edges_per_sec": stats.count / seconds if seconds > 0 else 0.0}
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class BucketTiming(JsonForm):
+    """Where a bucket's time went: the balance figures of ``bench/balance_bench.py``.
+
+    On disk its keys are the bucket record's own, present together or not at all."""
+
+    load_seconds: float = 0.0  # making its partitions resident and loading its edges
+    train_seconds: float = 0.0  # the workers' wall time
+    # each worker's busy time (the rest of train_seconds is idle)
+    worker_seconds: list[float] = field(default_factory=list)
 
 
-def _evals(before: Metrics | None, after: Metrics | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if before is not None:
-        out["eval_stats_before"] = before
-    if after is not None:
-        out["eval_stats_after"] = after
+def _nested(data: Any, timing: bool = False) -> Any:
+    """A record's JSON object with the keys of its :class:`Position` (and, for a bucket, of
+    its :class:`BucketTiming`) gathered under ``at`` (``timing``); other input as it is."""
+    if not isinstance(data, dict) or "at" in data:
+        return data
+    out = {**data, "at": data}
+    if timing:
+        out["timing"] = data if "train_seconds" in data else None
     return out
 
 
-@dataclass(frozen=True)
-class BucketTiming:
-    """Where a bucket's time went: the balance figures of ``bench/balance_bench.py``."""
-
-    load_seconds: float  # making its partitions resident and loading its edges
-    train_seconds: float  # the workers' wall time
-    worker_seconds: list[float]  # each worker's busy time (the rest of train_seconds is idle)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "load_seconds": self.load_seconds,
-            "train_seconds": self.train_seconds,
-            "worker_seconds": list(self.worker_seconds),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BucketTiming | None:
-        if "train_seconds" not in data:
-            return None
-        return cls(
-            float(data.get("load_seconds", 0.0)),
-            float(data["train_seconds"]),
-            [float(x) for x in data.get("worker_seconds", [])],
-        )
+def _flat(kind: str, out: dict[str, Any]) -> dict[str, Any]:
+    """The JSON object of a record: its type, the keys of ``at`` and ``timing``, then its own,
+    ``edges_per_sec`` after ``seconds`` (the inverse of :func:`_nested`)."""
+    at, timing = out.pop("at"), out.pop("timing", None) or {}
+    rate = out.pop("edges_per_sec")
+    flat = {"type": kind, **at, **timing}
+    for key, value in out.items():
+        flat[key] = value
+        if key == "seconds":
+            flat["edges_per_sec"] = rate
+    return flat
 
 
-@dataclass
-class BucketRecord:
+@dataclass(config=RECORD_CONFIG)
+class BucketRecord(JsonForm):
     """One bucket trained in one step (``"type": "bucket"``)."""
 
     at: Position
@@ -174,46 +149,31 @@ class BucketRecord:
     index: int  # its place among the buckets this trainer trained in the step
     stats: EdgeStats
     seconds: float = 0.0
-    eval_before: Metrics | None = None
-    eval_after: Metrics | None = None
-    trainer: int | None = None  # distributed runs: which trainer trained it
-    timing: BucketTiming | None = None
+    eval_before: Metrics | None = omit_none(key="eval_stats_before")
+    eval_after: Metrics | None = omit_none(key="eval_stats_after")
+    trainer: int | None = omit_none()  # distributed runs: which trainer trained it
+    timing: BucketTiming | None = omit_none()
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def edges_per_sec(self) -> float:
         return self.stats.count / self.seconds if self.seconds > 0 else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "bucket", **self.at.to_json()}
-        if self.timing is not None:
-            out.update(self.timing.to_json())
-        out.update(lhs_partition=self.lhs_partition, rhs_partition=self.rhs_partition)
-        out.update(index=self.index, stats=self.stats.to_json())
-        out.update(_timing(self.stats, self.seconds))
-        out.update(_evals(self.eval_before, self.eval_after))
-        if self.trainer is not None:
-            out["trainer"] = self.trainer
-        return out
-
+    @model_validator(mode="before")
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BucketRecord:
-        trainer = data.get("trainer")
-        return cls(
-            Position.from_json(data),
-            int(data["lhs_partition"]),
-            int(data["rhs_partition"]),
-            int(data.get("index", 0)),
-            EdgeStats.from_json(data["stats"]),
-            float(data.get("seconds", 0.0)),
-            data.get("eval_stats_before"),
-            data.get("eval_stats_after"),
-            None if trainer is None else int(trainer),
-            BucketTiming.from_json(data),
-        )
+    def _read(cls, data: Any) -> Any:
+        data = _nested(data, timing=True)
+        if isinstance(data, dict):
+            data.setdefault("index", 0)
+        return data
+
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _flat("bucket", handler(self))
 
 
-@dataclass
-class StepRecord:
+@dataclass(config=RECORD_CONFIG)
+class StepRecord(JsonForm):
     """One (epoch, edge set, chunk) step, as committed (``"type": "step"``)."""
 
     at: Position
@@ -221,65 +181,53 @@ class StepRecord:
     seconds: float = 0.0
     io_bytes_read: int = 0
     io_bytes_written: int = 0
-    eval_before: Metrics | None = None
-    eval_after: Metrics | None = None
+    eval_before: Metrics | None = omit_none(key="eval_stats_before")
+    eval_after: Metrics | None = omit_none(key="eval_stats_after")
     # distributed runs only
-    net_bytes: int | None = None
-    lock_waits: int | None = None
-    trainers: int | None = None
+    net_bytes: int | None = omit_none()
+    lock_waits: int | None = omit_none()
+    trainers: int | None = omit_none()
     #: seconds the training thread waited for partitions to be read or written back
-    io_wait_seconds: float | None = None
+    io_wait_seconds: float | None = omit_none()
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def edges_per_sec(self) -> float:
         return self.stats.count / self.seconds if self.seconds > 0 else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "step", **self.at.to_json(), "stats": self.stats.to_json()}
-        out.update(_timing(self.stats, self.seconds))
-        out.update(io_bytes_read=self.io_bytes_read, io_bytes_written=self.io_bytes_written)
-        out.update(_evals(self.eval_before, self.eval_after))
-        for key in ("net_bytes", "lock_waits", "trainers"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        if self.io_wait_seconds is not None:
-            out["io_wait_seconds"] = round(self.io_wait_seconds, 4)
-        return out
+    @field_serializer("io_wait_seconds")
+    def _rounded(self, value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
 
+    @model_validator(mode="before")
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepRecord:
-        def opt(key: str) -> int | None:
-            return None if data.get(key) is None else int(data[key])
+    def _read(cls, data: Any) -> Any:
+        return _nested(data)
 
-        return cls(
-            Position.from_json(data),
-            EdgeStats.from_json(data["stats"]),
-            float(data.get("seconds", 0.0)),
-            int(data.get("io_bytes_read", 0)),
-            int(data.get("io_bytes_written", 0)),
-            data.get("eval_stats_before"),
-            data.get("eval_stats_after"),
-            opt("net_bytes"),
-            opt("lock_waits"),
-            opt("trainers"),
-            None if data.get("io_wait_seconds") is None else float(data["io_wait_seconds"]),
-        )
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _flat("step", handler(self))
 
 
-@dataclass
-class StepLog:
-    """What one step adds to ``training_stats.json``: its bucket records, then its step record."""
+@dataclass(config=RECORD_CONFIG)
+class StepLog(JsonForm):
+    """What one step adds to ``training_stats.json``: its bucket records, then its step record
+    (on the wire and on disk a list, the step record last)."""
 
     buckets: list[BucketRecord]
     step: StepRecord
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [*(b.to_json() for b in self.buckets), self.step.to_json()]
-
+    @model_validator(mode="before")
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]]) -> StepLog:
-        *buckets, step = data
-        return cls([BucketRecord.from_json(b) for b in buckets], StepRecord.from_json(step))
+    def _read(cls, data: Any) -> Any:
+        if isinstance(data, list) and data:
+            return {"buckets": data[:-1], "step": data[-1]}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> list[dict[str, Any]]:
+        out = handler(self)
+        return [*out["buckets"], out["step"]]
 
 
 def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
@@ -312,7 +260,7 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
     return StepLog(buckets, step)
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainingLog:
     """The records of a checkpoint directory's ``training_stats.json``, in file order."""
 

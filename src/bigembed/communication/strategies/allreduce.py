@@ -20,7 +20,6 @@ from bigembed.train import BatchGate
 
 
 class Allreduce(Strategy):
-    name = "allreduce"
     centralized = True
     synchronous = True
     mean = False

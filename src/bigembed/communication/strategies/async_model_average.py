@@ -19,7 +19,6 @@ from bigembed.communication.strategies.allreduce import Allreduce
 
 
 class AsyncModelAverage(Allreduce):
-    name = "async_model_average"
     centralized = True
     synchronous = False
     mean = True

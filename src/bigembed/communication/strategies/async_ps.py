@@ -16,7 +16,6 @@ from bigembed.communication.strategies.base import SharedTensors, Strategy, Stra
 
 
 class AsyncParameterServer(Strategy):
-    name = "async_ps"
     centralized = True
     synchronous = False
 

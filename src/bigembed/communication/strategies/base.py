@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from bigembed.communication.codecs import Codec
+from bigembed.config import STRATEGIES
 from bigembed.train import BatchGate
 
 
@@ -77,8 +78,6 @@ class StrategyEnv:
 class Strategy(ABC):
     """One way of keeping the shared parameters in step (see the module docstring)."""
 
-    #: The ``communication.strategy`` value that selects it.
-    name: ClassVar[str]
     #: Bagua's axes: a central party (servers or an all-reduce over everybody) or neighbours
     #: only; do the workers wait for the exchange.
     centralized: ClassVar[bool]
@@ -88,6 +87,11 @@ class Strategy(ABC):
         self.env = env
         self.shared = shared
         self.gate: BatchGate | None = None
+
+    @property
+    def name(self) -> str:
+        """The ``communication.strategy`` value that selects it (the registry's, not a copy)."""
+        return STRATEGIES.name_of(type(self))
 
     @abstractmethod
     def start(self) -> None: ...

@@ -51,7 +51,6 @@ class _Peer:
 
 
 class Decentralized(Strategy):
-    name = "decentralized"
     centralized = False
     synchronous = True
 
