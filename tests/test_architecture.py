@@ -62,18 +62,25 @@ def _layer_modules(layers: list[str]) -> list[str]:
     return out
 
 
-def _fake_bigembed(root: Path, violation: tuple[str, str] | None) -> None:
-    """An empty ``bigembed`` package with one subpackage per layer module; ``violation``
-    (importer, imported) adds one import between two of them."""
+def _fake_bigembed(
+    root: Path, violation: tuple[str, str] | None, guard_imports: str = "os"
+) -> None:
+    """An empty ``bigembed`` package with one subpackage per layer module and the Hogwild
+    worker guard (importing ``guard_imports``); ``violation`` (importer, imported) adds one
+    import between two of them."""
     layers = next(c for c in _contracts()["contracts"] if c["type"] == "layers")["layers"]
     pkg = root / "bigembed"
     pkg.mkdir()
-    # like the real root: a lazy import of bigembed.serving.query (exempt through ignore_imports)
-    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.serving.query\n")
+    # like the real root: a lazy import of bigembed.serving (exempt through ignore_imports)
+    (pkg / "__init__.py").write_text("def __getattr__(name):\n    import bigembed.serving\n")
     for name in _layer_modules(layers):
         sub = pkg / name
         sub.mkdir()
         (sub / "__init__.py").write_text("")
+    hogwild = pkg / "train" / "hogwild"
+    hogwild.mkdir()
+    (hogwild / "__init__.py").write_text("")
+    (hogwild / "guard.py").write_text(f"import {guard_imports}\n")
     if violation is not None:
         importer, imported = violation
         (pkg / importer / "core.py").write_text(f"import bigembed.{imported}.inner\n")
@@ -94,7 +101,7 @@ def test_bigembed_keeps_its_layers() -> None:
         ("model", "config", "bigembed layers"),  # the model must not read the job config
         ("train", "eval", "train and eval are independent"),
         ("eval", "train", "train and eval are independent"),
-        ("query", "export", "bigembed layers"),  # independent siblings
+        ("serving", "export", "bigembed layers"),  # independent siblings
     ],
 )
 def test_the_contracts_catch_a_violation(
@@ -116,6 +123,20 @@ def test_the_contracts_catch_a_violation(
     broken_part = result.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken_part
     assert f"bigembed.{importer}.core -> bigembed.{imported}.inner" in broken_part
+
+
+@needs_linter
+@pytest.mark.parametrize("imported", ["torch", "numpy", "bigembed.errors"])
+def test_the_guard_contract_catches_a_heavy_import(tmp_path: Path, imported: str) -> None:
+    """The worker guard runs before anything heavy is imported: standard library only."""
+    config = tmp_path / "pyproject.toml"
+    shutil.copy(ROOT / "pyproject.toml", config)
+    _fake_bigembed(tmp_path, None, guard_imports=imported)
+    result = _lint(tmp_path, config=config, pythonpath=tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken_part = result.stdout.split("Broken contracts", 1)[-1]
+    assert "guard imports the standard library only" in broken_part
+    assert f"bigembed.train.hogwild.guard -> {imported}" in broken_part
 
 
 # ----------------------------------------------------------------- public APIs of packages
@@ -192,7 +213,7 @@ def test_hogwild_workers_do_not_load_the_stores() -> None:
     """A spawned Hogwild worker imports only what a training step needs: pulling in the stores
     (pyarrow) or the plotting stack costs ~40 MB of memory in every worker process."""
     code = (
-        "import sys, bigembed.train.hogwild.pool, bigembed.train.hogwild.guard\n"
+        "import sys, bigembed.train.hogwild.worker, bigembed.train.hogwild.guard\n"
         "heavy = [m for m in ('pyarrow', 'matplotlib', 'h5py') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -44,6 +44,7 @@ COMMAND_MODULES = (
     "convert_cmd",
     "plot_cmd",
     "distributed_cmd",
+    "build_kernels_cmd",
 )
 
 

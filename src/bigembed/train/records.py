@@ -20,7 +20,8 @@ Keys (unchanged since the first release, so older checkpoints still read):
   ``load_seconds`` (waiting for the bucket's partitions and edges), ``train_seconds`` (the
   Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
 * step: ``io_bytes_read``, ``io_bytes_written``, and in distributed runs ``net_bytes``,
-  ``lock_waits``, ``trainers``.
+  ``lock_waits``, ``trainers``; ``kernel`` (``native`` or ``eager``: the training step's path,
+  decided once per run) and ``kernel_reason`` (why), absent from files written before them.
 """
 
 from __future__ import annotations
@@ -229,6 +230,9 @@ class StepRecord:
     trainers: int | None = None
     #: seconds the training thread waited for partitions to be read or written back
     io_wait_seconds: float | None = None
+    # the run's kernel choice (bigembed.kernels.native.choice); None in older files
+    kernel: str | None = None
+    kernel_reason: str | None = None
 
     @property
     def edges_per_sec(self) -> float:
@@ -244,6 +248,8 @@ class StepRecord:
                 out[key] = getattr(self, key)
         if self.io_wait_seconds is not None:
             out["io_wait_seconds"] = round(self.io_wait_seconds, 4)
+        if self.kernel is not None:
+            out.update(kernel=self.kernel, kernel_reason=self.kernel_reason)
         return out
 
     @classmethod
@@ -263,6 +269,8 @@ class StepRecord:
             opt("lock_waits"),
             opt("trainers"),
             None if data.get("io_wait_seconds") is None else float(data["io_wait_seconds"]),
+            data.get("kernel"),
+            data.get("kernel_reason"),
         )
 
 
@@ -307,9 +315,19 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         lock_waits=total("lock_waits"),
         trainers=len(parts),
         io_wait_seconds=sum(waits) if waits else None,
+        **_merge_kernels(steps),
     )
     buckets = [replace(b, trainer=r) for r, p in enumerate(parts) for b in p.buckets]
     return StepLog(buckets, step)
+
+
+def _merge_kernels(steps: Sequence[StepRecord]) -> dict[str, str | None]:
+    """The kernel of a distributed step: ``native`` only if every trainer's was, else the
+    first eager trainer's choice, its reason naming the trainer."""
+    for rank, s in enumerate(steps):
+        if s.kernel == "eager":
+            return {"kernel": "eager", "kernel_reason": f"trainer {rank}: {s.kernel_reason}"}
+    return {"kernel": steps[0].kernel, "kernel_reason": steps[0].kernel_reason}
 
 
 @dataclass
