@@ -24,6 +24,20 @@ from bigembed.train.records import StepLog, StepRecord, merge_step_logs, parse_r
 from synthetic import write_graph
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _built() -> Path | None:
+    try:
+        return native_build.find_or_build()
+    except native_build.NativeUnavailable:
+        return None
+
+
+#: The built library (loaded or not: a mirror that differs must fail the tests, not skip them)
+BUILT = _built()
+needs_build = pytest.mark.skipif(
+    BUILT is None, reason="no C++ compiler: the kernel cannot be built"
+)
 LIB = native_build.native_library()
 needs_kernel = pytest.mark.skipif(LIB is None, reason="no C++ compiler: the kernel cannot be built")
 PREBUILT = (native_build.PACKAGE_DIR / native_build.library_name()).is_file()
@@ -33,13 +47,14 @@ NEGS = NegativeSettings(5, 5, 10)
 
 
 # ----------------------------------------------------------------- the ABI mirror
-@needs_kernel
+@needs_build
 def test_the_ctypes_mirror_matches_the_library_layout() -> None:
-    assert LIB is not None
-    native = abi.library_layout(LIB)
+    lib = ctypes.CDLL(str(BUILT))
+    native = abi.library_layout(lib)
     assert {r.type for r in native} == set(abi.STRUCTS)
     assert abi.compare_layouts(native, abi.mirror_layout()) is None
-    assert abi.check_layout(LIB) is None
+    assert abi.check_layout(lib) is None
+    assert native_build.load_library(str(BUILT)) is not None
 
 
 class _Reordered(ctypes.Structure):
@@ -232,3 +247,24 @@ def test_build_kernels_without_a_compiler_fails_in_one_line(tmp_path: Path) -> N
     assert done.returncode != 0
     assert done.stderr.strip().startswith("bigembed build-kernels: error: no C++ compiler found")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_workers_load_the_library_the_trainer_chose(tmp_path: Path) -> None:
+    """A worker's trainer takes the kernel from its setup (it does not look for one itself):
+    handed a library that is not there, it fails rather than finding its own."""
+    from bigembed.kernels import KernelChoice
+    from bigembed.train.hogwild.messages import WorkerSetup
+    from bigembed.train.hogwild.worker import make_trainer
+
+    states = [p.detach().clone() for p in MODEL.parameters()]
+    setup = WorkerSetup(MODEL, states, NEGS, 0.1, 0.1, 10, False)
+    assert make_trainer(setup).native is None  # the default choice: eager
+    missing = KernelChoice("native", "chosen by the test", str(tmp_path / "missing.so"))
+    setup.kernel = missing
+    with pytest.raises(native_build.NativeUnavailable, match=r"missing\.so"):
+        make_trainer(setup)
+    if LIB is not None:
+        setup.kernel = choose_kernel("auto", MODEL, NEGS)
+        assert make_trainer(setup).native is not None
+        setup.kernel = choose_kernel("eager", MODEL, NEGS)
+        assert make_trainer(setup).native is None
