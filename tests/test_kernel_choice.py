@@ -268,3 +268,19 @@ def test_the_workers_load_the_library_the_trainer_chose(tmp_path: Path) -> None:
         assert make_trainer(setup).native is not None
         setup.kernel = choose_kernel("eager", MODEL, NEGS)
         assert make_trainer(setup).native is None
+
+
+def test_an_unwritable_cache_gives_the_remedy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache that cannot be written (here a file where the directory belongs, which even
+    root cannot write into; a read-only home alike) names the build-ahead remedy."""
+    cache = tmp_path / "cache"
+    cache.write_text("")
+    monkeypatch.delenv("BIGEMBED_KERNEL_DIR", raising=False)
+    monkeypatch.setattr(native_build, "PACKAGE_DIR", tmp_path / "package")
+    monkeypatch.setenv("BIGEMBED_CACHE_DIR", str(cache))
+    choice = choose_kernel("auto", MODEL, NEGS)
+    assert choice.kernel == "eager" and choice.degraded
+    assert f"cannot build the kernel into {cache / 'native'}" in choice.reason
+    assert "bigembed build-kernels --into DIR" in choice.reason

@@ -101,6 +101,14 @@ def no_compiler_reason(cxx: str) -> str:
     )
 
 
+def _unwritable(directory: Path, exc: Exception) -> NativeUnavailable:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return NativeUnavailable(
+        f"cannot build the kernel into {directory} ({reason}); build it ahead with "
+        "`bigembed build-kernels --into DIR` and set BIGEMBED_KERNEL_DIR=DIR"
+    )
+
+
 def build_library(directory: Path) -> Path:
     """Compile the kernel into ``directory`` (atomically); returns the library's path."""
     cxx = compiler()
@@ -122,7 +130,7 @@ def build_library(directory: Path) -> Path:
                     f"{lines[0] if lines else f'exit status {done.returncode}'}"
                 )
     except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeUnavailable(f"cannot build the kernel into {directory}: {exc}") from exc
+        raise _unwritable(directory, exc) from exc
     return path
 
 
@@ -139,7 +147,7 @@ def find_or_build() -> Path:
             path = directory / library_name()
             return path if path.is_file() else build_library(directory)
     except OSError as exc:
-        raise NativeUnavailable(f"cannot build the kernel into {directory}: {exc}") from exc
+        raise _unwritable(directory, exc) from exc
 
 
 @functools.cache
