@@ -27,7 +27,7 @@ from sparse_bench import NODES, write_config
 
 from bigembed.buckets import Batch, negative_settings
 from bigembed.config import load_config, model_spec
-from bigembed.kernels import BatchTrainer, Table
+from bigembed.kernels import BatchTrainer, Table, choose_kernel
 from bigembed.model import ScoringModel
 from bigembed.train import keep_freed_memory
 
@@ -39,7 +39,10 @@ def trainer(config: Path, loss: str, native: bool) -> BatchTrainer:
     model = ScoringModel(model_spec(cfg, 1))
     states = [torch.zeros_like(p) for p in model.parameters()]
     gen = torch.Generator().manual_seed(0)
-    return BatchTrainer(model, states, negative_settings(cfg), cfg.lr, cfg.lr, gen, native=native)
+    negs = negative_settings(cfg)
+    kernel = choose_kernel("native" if native else "eager", model, negs)
+    step = kernel.step_kernel(model, negs)
+    return BatchTrainer(model, states, negs, cfg.lr, cfg.lr, gen, native=step)
 
 
 def main() -> int:

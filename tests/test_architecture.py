@@ -262,6 +262,22 @@ def test_the_cycle_check_catches_a_cycle(tmp_path: Path, monkeypatch: pytest.Mon
     assert module_cycles("standin_cycles", exempt) == both[:1]
 
 
+@needs_linter
+@pytest.mark.parametrize("imported", ["torch", "numpy", "bigembed.errors"])
+def test_the_guard_contract_catches_a_heavy_import(tmp_path: Path, imported: str) -> None:
+    """The worker guard runs before anything heavy is imported: standard library only."""
+    config = tmp_path / "pyproject.toml"
+    shutil.copy(ROOT / "pyproject.toml", config)
+    _stand_in(tmp_path, [])
+    _write_import(tmp_path, "bigembed.errors", "")
+    (tmp_path / "bigembed" / "train" / "hogwild" / "guard.py").write_text(f"import {imported}\n")
+    result = _lint(tmp_path, config=config, pythonpath=tmp_path)
+    assert result.returncode != 0, result.stdout
+    broken_part = result.stdout.split("Broken contracts", 1)[-1]
+    assert "guard imports the standard library only" in broken_part
+    assert f"bigembed.train.hogwild.guard -> {imported}" in broken_part
+
+
 # ----------------------------------------------------------------- public APIs of packages
 #: Every top-level package: other packages use the names its ``__init__`` exports.
 PUBLIC_API_PACKAGES = tuple(sorted(p.parent.name for p in SRC.glob("*/__init__.py")))
@@ -355,7 +371,7 @@ def test_hogwild_workers_do_not_load_the_stores() -> None:
     """A spawned Hogwild worker imports only what a training step needs: pulling in the stores
     (pyarrow) or the plotting stack costs ~40 MB of memory in every worker process."""
     code = (
-        "import sys, bigembed.train.hogwild.pool, bigembed.train.hogwild.guard\n"
+        "import sys, bigembed.train.hogwild.worker, bigembed.train.hogwild.guard\n"
         "heavy = [m for m in ('pyarrow', 'matplotlib', 'h5py') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -167,20 +167,21 @@ def test_scores_as_low_as_a_mask_are_counted_one_by_one() -> None:
 def test_the_workers_rank_an_eval_as_the_main_process_does(steal: bool) -> None:
     """The workers score with the native kernel where it applies (as the main process does
     when handed it), else eagerly."""
-    from bigembed.kernels.native.eval import NativeEval
+    from bigembed.kernels import choose_kernel
     from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 
     model = _model("cos", "ranking", False)
     model.share_memory()
     states = [torch.zeros_like(p).share_memory_() for p in model.parameters()]
     negs = NegativeSettings(20, 15, 60)
-    setup = WorkerSetup(model, states, negs, 0.1, 0.1, 60, False)
+    kernel = choose_kernel("auto", model, negs)
+    setup = WorkerSetup(model, states, negs, 0.1, 0.1, 60, False, kernel=kernel)
     tables = _tables()
     for t in tables.values():
         t.emb.share_memory_()
         t.state.share_memory_()
     lhs, rhs, rel, weight = _edges(250)
-    scorer = NativeEval.for_model(model, negs)
+    scorer = kernel.eval_kernel(model, negs)
     here = evaluate_edges(model, tables, SIDES, lhs, rhs, rel, weight, negs, 60, 9, scorer=scorer)
     plan = plan_eval(
         model, lambda k: tables[k].emb.shape[0], SIDES, lhs, rhs, rel, weight, negs, 60, 9

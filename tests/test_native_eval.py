@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from bigembed.kernels.native import build as native_build
-from bigembed.kernels.native import eval as native_eval
+from bigembed.kernels.native.choice import EAGER, KernelChoice
 from bigembed.kernels.native.eval import NativeEval
+from bigembed.kernels.native.step import scoring_unsupported
 from bigembed.kernels.step import Table
 from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
@@ -33,9 +34,13 @@ from bigembed.ranking.sampled import (
 DIM = 16
 SIDES = [(("e", 0), ("e", 1))]
 
-needs_kernel = pytest.mark.skipif(
-    native_build.native_library() is None, reason="no C++ compiler: the kernel cannot be built"
-)
+LIB = native_build.native_library()
+needs_kernel = pytest.mark.skipif(LIB is None, reason="no C++ compiler: the kernel cannot be built")
+
+
+def _kernel(model: ScoringModel, negs: NegativeSettings) -> NativeEval | None:
+    assert LIB is not None
+    return NativeEval.for_model(model, negs, LIB)
 
 
 def _model(comparator: str, loss: str, operator: str, glob: bool, exact: bool) -> ScoringModel:
@@ -95,7 +100,7 @@ def _edges(n: int, rows: int, seed: int = 2):
 def _both(model, tables, edges, negs, batch_size, sides=SIDES) -> tuple[RankingSums, RankingSums]:
     """The eval with the kernel (which must exist for this model) and without it."""
     lhs, rhs, rel, weight = edges
-    kernel = NativeEval.for_model(model, negs)
+    kernel = _kernel(model, negs)
     assert kernel is not None
     spy = _Spy(kernel)
     args = (model, tables, sides, lhs, rhs, rel, weight, negs, batch_size, 7)
@@ -238,12 +243,14 @@ def _scores_between(model, tables, edges, negs, batch_size, low: float, high: fl
     return count
 
 
-def test_no_kernel_means_the_eager_eval(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the library (no compiler, ``BIGEMBED_NATIVE=0``) training's eval gets no
-    scorer, in this process or in the Hogwild workers."""
-    monkeypatch.setattr(native_eval, "native_library", lambda: None)
+def test_no_kernel_means_the_eager_eval() -> None:
+    """Without a library in the run's choice (no compiler, ``kernel: eager``,
+    ``BIGEMBED_NATIVE=0``) training's eval gets no scorer, in this process or in the Hogwild
+    workers, even for a model the kernel covers."""
     model = _model("cos", "ranking", "none", glob=False, exact=False)
-    assert NativeEval.for_model(model, NegativeSettings(7, 11, 13)) is None
+    negs = NegativeSettings(7, 11, 13)
+    assert EAGER.eval_kernel(model, negs) is None
+    assert KernelChoice("eager", "no C++ compiler found").eval_kernel(model, negs) is None
 
 
 def _one(operator: str = "none", **extra) -> ModelSpec:
@@ -261,7 +268,7 @@ def _one(operator: str = "none", **extra) -> ModelSpec:
     ids=["bias", "l2", "bf16", "dynamic"],
 )
 def test_models_outside_the_kernel_take_the_eager_eval(spec: ModelSpec) -> None:
-    assert NativeEval.for_model(ScoringModel(spec), NegativeSettings(7, 11, 13)) is None
+    assert scoring_unsupported(ScoringModel(spec)) is not None
 
 
 @needs_kernel
@@ -279,7 +286,7 @@ def test_units_outside_the_kernel_take_the_eager_eval() -> None:
     )
     model = ScoringModel(spec)
     negs = NegativeSettings(7, 11, 13)
-    kernel = NativeEval.for_model(model, negs)
+    kernel = _kernel(model, negs)
     assert kernel is not None
     tables = _tables("dot", True, 12)
     emb0, emb1 = tables[("e", 0)].emb, tables[("e", 1)].emb

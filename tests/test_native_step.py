@@ -4,23 +4,21 @@ supports; the eager path when it cannot be built or the config is outside it."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from bigembed.buckets.batching import Batch
 from bigembed.kernels.native import build as native_build
-from bigembed.kernels.native.step import NativeStep
+from bigembed.kernels.native.choice import choose_kernel
+from bigembed.kernels.native.step import NativeStep, unsupported
 from bigembed.kernels.step import BatchTrainer, StepStats, Table
 from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 ROWS, DIM = 600, 13
 
-needs_kernel = pytest.mark.skipif(
-    native_build.native_library() is None, reason="no C++ compiler: the kernel cannot be built"
-)
+LIB = native_build.native_library()
+needs_kernel = pytest.mark.skipif(LIB is None, reason="no C++ compiler: the kernel cannot be built")
 
 
 def _spec(comparator: str, loss: str, operator: str, glob: bool, **extra) -> ModelSpec:
@@ -45,7 +43,8 @@ def _run(
             p.add_(torch.randn_like(p) * 0.3)
     states = [torch.zeros_like(p) for p in model.parameters()]
     gen = torch.Generator().manual_seed(0)
-    trainer = BatchTrainer(model, states, negs, 0.1, 0.05, gen, native=native)
+    step = NativeStep.for_model(model, negs, LIB) if native and LIB is not None else None
+    trainer = BatchTrainer(model, states, negs, 0.1, 0.05, gen, native=step)
     assert (trainer.native is not None) == native
     g = torch.Generator().manual_seed(1)
     lhs = Table(torch.randn(ROWS, DIM, generator=g), torch.rand(ROWS, generator=g))
@@ -138,7 +137,7 @@ def test_native_step_matches_eager(case: tuple) -> None:
 def test_configs_outside_the_kernel_take_the_eager_path(
     spec: ModelSpec, negs: NegativeSettings
 ) -> None:
-    assert NativeStep.for_model(ScoringModel(spec), negs) is None
+    assert unsupported(ScoringModel(spec), negs) is not None
 
 
 @needs_kernel
@@ -149,7 +148,8 @@ def test_all_negs_relation_takes_the_eager_path() -> None:
         comparator="cos",
         loss="softmax",
     )
-    native = NativeStep.for_model(ScoringModel(spec), NegativeSettings(5, 5, 10))
+    assert LIB is not None
+    native = NativeStep.for_model(ScoringModel(spec), NegativeSettings(5, 5, 10), LIB)
     assert native is not None  # the model qualifies (its second relation), the first does not
     table = torch.randn(50, DIM)
     idx = torch.arange(10)
@@ -160,46 +160,55 @@ def test_all_negs_relation_takes_the_eager_path() -> None:
     assert torch.equal(table, before)
 
 
-def test_missing_compiler_falls_back_to_eager(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+def _no_prebuilt_kernel(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing built anywhere the loader looks, and an empty cache."""
+    monkeypatch.delenv("BIGEMBED_KERNEL_DIR", raising=False)
+    monkeypatch.setattr(native_build, "PACKAGE_DIR", tmp_path / "package")
     monkeypatch.setenv("BIGEMBED_CACHE_DIR", str(tmp_path / "cache"))
-    native_build.native_library.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="bigembed.kernels.native.build"):
-            assert native_build.native_library() is None
-        assert "no C++ compiler" in caplog.text
-        assert not list((tmp_path / "cache").rglob("*.so"))
-        spec = _spec("cos", "ranking", "none", True)
-        negs = NegativeSettings(10, 8, 40)
-        assert NativeStep.for_model(ScoringModel(spec), negs) is None
-        stats = _run(spec, negs, 40, False, False, native=False)[0]
-        assert all(s.loss > 0 for s in stats)
-    finally:
-        native_build.native_library.cache_clear()
+
+
+def test_missing_compiler_falls_back_to_eager(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_prebuilt_kernel(tmp_path, monkeypatch)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    spec = _spec("cos", "ranking", "none", True)
+    negs = NegativeSettings(10, 8, 40)
+    choice = choose_kernel("auto", ScoringModel(spec), negs)
+    assert (choice.kernel, choice.library, choice.degraded) == ("eager", None, True)
+    assert "no C++ compiler found" in choice.reason
+    assert "bigembed build-kernels" in choice.reason  # the remedy
+    assert not list((tmp_path / "cache").rglob("*.so"))
+    assert choice.step_kernel(ScoringModel(spec), negs) is None
+    stats = _run(spec, negs, 40, False, False, native=False)[0]
+    assert all(s.loss > 0 for s in stats)
 
 
 def test_failing_compiler_falls_back_and_native_can_be_turned_off(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _no_prebuilt_kernel(tmp_path, monkeypatch)
+    model = ScoringModel(_spec("cos", "ranking", "none", True))
+    negs = NegativeSettings(10, 8, 40)
     monkeypatch.setenv("CXX", "false")  # exists, exits 1
-    monkeypatch.setenv("BIGEMBED_CACHE_DIR", str(tmp_path / "cache"))
-    native_build.native_library.cache_clear()
-    try:
-        assert native_build.native_library() is None
-        assert not list((tmp_path / "cache").rglob("*.so"))  # no partial library left
-        monkeypatch.delenv("CXX")
-        monkeypatch.setenv("BIGEMBED_NATIVE", "0")
-        native_build.native_library.cache_clear()
-        assert native_build.native_library() is None
-    finally:
-        native_build.native_library.cache_clear()
-
-
-def test_library_is_cached_by_source_compiler_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    path = native_build.library_path()
-    monkeypatch.setenv("CXX", "g++-other")
-    assert native_build.library_path() != path
+    choice = choose_kernel("auto", model, negs)
+    assert choice.kernel == "eager" and "false failed to build" in choice.reason
+    assert not list((tmp_path / "cache").rglob("*.so"))  # no partial library left
     monkeypatch.delenv("CXX")
-    assert native_build.library_path() == path
+    monkeypatch.setenv("BIGEMBED_NATIVE", "0")
+    choice = choose_kernel("auto", model, negs)
+    assert (choice.kernel, choice.reason) == ("eager", "turned off by BIGEMBED_NATIVE=0")
+    assert not choice.degraded
+
+
+def test_library_name_keeps_the_source_and_flags(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library built from another source or for other vector units is never loaded."""
+    name = native_build.library_name()
+    source = tmp_path / "native_step.cpp"
+    source.write_text(native_build.SOURCE.read_text() + "// changed\n")
+    monkeypatch.setattr(native_build, "SOURCE", source)
+    assert native_build.library_name() != name
+    monkeypatch.undo()
+    flags = native_build.compile_flags()
+    monkeypatch.setattr(native_build, "compile_flags", lambda: [*flags, "-mavx512f"])
+    assert native_build.library_name() != name
+    monkeypatch.undo()
+    assert native_build.library_name() == name

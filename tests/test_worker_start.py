@@ -4,42 +4,48 @@ trainer's environment of the pool's start; killing them at once prints nothing e
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
+import time
+from typing import Any
 
 import pytest
+import torch
 
-from bigembed.kernels.native import build as native_build
+from bigembed.model import NegativeSettings, ScoringModel
+from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.train.hogwild import pool as hogwild
-from bigembed.train.single_machine import train
-from synthetic import graph_config, write_graph
+from bigembed.train.hogwild.guard import adopt_environment
 
 
-@pytest.mark.skipif(native_build.native_library() is None, reason="no C++ compiler")
-def test_workers_see_the_environment_of_the_pool_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write_graph(tmp_path, num_entities=300, num_edges=3000, num_relations=1)
+def _report_environment(rank: int, tasks: Any, results: Any, *shared: Any) -> None:
+    """A worker main in place of the worker loop (started through the same guard and
+    forkserver): takes the first message as the loop does and shows the variable
+    ``BIGEMBED_TEST_PROBE`` it then sees on the board."""
+    _setup, board, environ = tasks.get()
+    adopt_environment(environ)
+    board[rank, 0] = float(os.environ.get("BIGEMBED_TEST_PROBE", "0"))
+    while tasks.get() is not None:
+        pass
 
-    def run(name: str) -> None:
-        cfg = graph_config(
-            tmp_path,
-            num_epochs=1,
-            dimension=16,
-            workers=2,
-            dynamic_relations=False,  # a model the kernel covers
-            checkpoint_path=str(tmp_path / name),
-        )
-        train(cfg, progress=False)
 
-    run("first")  # the forkserver now runs, with this environment
-    # Each worker loads the native kernel from BIGEMBED_CACHE_DIR when it starts (this process
-    # already has it loaded and will not look again): with the trainer's new setting the
-    # workers build it there; with the forkserver's old one they load the cached library.
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("BIGEMBED_CACHE_DIR", str(cache))
-    run("second")
-    assert list(cache.rglob("*.so")), "the workers did not see BIGEMBED_CACHE_DIR"
+def test_workers_see_the_environment_of_the_pool_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hogwild, "MAIN", f"{__name__}:_report_environment")
+    model = ScoringModel(ModelSpec(relations=(RelationSpec("e", "e"),), entity_dims={"e": 4}))
+    states = [torch.zeros_like(p) for p in model.parameters()]
+    setup = hogwild.WorkerSetup(model, states, NegativeSettings(1, 1, 1), 0.1, 0.1, 10, False)
+    # The first pool may start the forkserver (with this environment); the second one's
+    # workers fork from it, yet must see the environment of their own pool's start.
+    for value in (1.0, 2.0):
+        monkeypatch.setenv("BIGEMBED_TEST_PROBE", str(value))
+        pool = hogwild.HogwildPool(setup, 2)
+        try:
+            deadline = time.monotonic() + 60
+            while pool.board[:, 0].tolist() != [value, value] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pool.board[:, 0].tolist() == [value, value]
+        finally:
+            pool.close()
 
 
 def _raised_in(filename: str, exc: BaseException) -> BaseException:

@@ -50,6 +50,7 @@ COMMANDS: Registry[Callable[[Any], None]] = Registry(
         ("convert", f"{_CMD}.convert_cmd:register"),
         ("plot", f"{_CMD}.plot_cmd:register"),
         ("launch", f"{_CMD}.distributed_cmd:register"),
+        ("build-kernels", f"{_CMD}.build_kernels_cmd:register"),
     ],
 )
 

@@ -61,6 +61,7 @@ BIGEMBED_ONLY_KEYS = (
     "relation_init_scale",
     "entity_dropout",
     "relation_dropout",
+    "kernel",
 )
 
 

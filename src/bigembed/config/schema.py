@@ -306,6 +306,12 @@ class ConfigSchema(BaseModel):
         description="bigembed only: float32, or bfloat16 compute (master weights and Adagrad "
         "state stay float32).",
     )
+    kernel: Annotated[str, OneOf(("auto", "native", "eager"))] = Field(
+        default="auto",
+        description="bigembed only: the training step's kernel: auto = the native C++ kernel "
+        "where the model allows it and it can be built (else eager, saying why), native = fail "
+        "if it cannot run, eager = torch operations only (README, Native kernels).",
+    )
     uniform_negs_group: Int | None = Field(
         default=None,
         gt=0,

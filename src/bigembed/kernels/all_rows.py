@@ -1,10 +1,9 @@
 """The embedding update of a batch that scored every entity (``all_negs`` / ``train_type: 1vsAll``).
 
 Such a batch gives every row of the partition a gradient, so the sparse row-Adagrad update
-(``unique`` over all row ids, then ``index_add_`` of the whole table, ~120 ms per call for a
-14,541 x 128 table on the development machine) is replaced by a dense one: the positives'
-gradient rows are added into the whole-table gradient, and one row-wise Adagrad step runs over
-the table in a few vectorised passes. Same rule as
+(``unique`` over all row ids, then ``index_add_`` into the table, both over every row)
+is replaced by a dense one: the positives' gradient rows are added into the whole-table
+gradient, and one row-wise Adagrad step runs over the table in a few vectorised passes. Same rule as
 :func:`bigembed.kernels.optimizers.row_adagrad_update` (the accumulator holds the running sum of
 each row's mean squared gradient; PBG's Hogwild rule for the denominator).
 """

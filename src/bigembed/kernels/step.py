@@ -49,10 +49,11 @@ class BatchTrainer:
         lr: float,
         relation_lr: float,
         generator: torch.Generator,
-        native: bool = True,
+        native: NativeStep | None = None,
     ) -> None:
-        """``native``: use the native step kernel for the batches it supports
-        (:mod:`bigembed.kernels.native.step`); False keeps every batch on the eager path."""
+        """``native``: the native step kernel for the batches it supports, as the run's kernel
+        choice gives it (:meth:`bigembed.kernels.native.choice.KernelChoice.step_kernel`);
+        None keeps every batch on the eager path."""
         self.model = model
         self.params = [p for p in model.parameters()]
         self.model_states = model_states
@@ -61,7 +62,7 @@ class BatchTrainer:
         self.relation_lr = relation_lr
         self.gen = generator
         self.max_norm = model.spec.max_norm
-        self.native = NativeStep.for_model(model, negs) if native else None
+        self.native = native
 
     def step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
         if batch.side != "both":

@@ -32,7 +32,7 @@ import torch
 from bigembed.buckets import bucket_sides, chunk_sizes, negative_settings, partitions_per_side
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
-from bigembed.kernels import NativeStep, StepStats
+from bigembed.kernels import KernelChoice, StepStats, choose_kernel
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.evaluation import split_eval
 from bigembed.train.hogwild.gate import BatchGate
@@ -126,6 +126,7 @@ class TrainingLoop:
         self.observers = Observers(observers)
         self.gate = gate
         self._last_record: StepRecord | None = None
+        self.kernel: KernelChoice | None = None  # decided when the run starts
         #: the edge read-ahead thread (inline without ``partition_prefetch``)
         self._edge_io = PartitionIO(background=self.cfg.partition_prefetch)
 
@@ -144,7 +145,9 @@ class TrainingLoop:
             self.gate,
             group_queries=cfg.train_type == "kvsall",
         )
-        NativeStep.prepare(setup.model, setup.negs)  # built once here, loaded by the workers
+        # Decided once, here: the workers load the library it names and never decide again.
+        self.kernel = setup.kernel = choose_kernel(cfg.kernel, setup.model, setup.negs)
+        (logger.warning if self.kernel.degraded else logger.info)("%s", self.kernel.line())
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
         self.partitions.on_release = pool.forget
         started = time.perf_counter()
@@ -246,6 +249,8 @@ class TrainingLoop:
             store.bytes_written,
             io_wait_seconds=store.io_wait_seconds - wait0,
         )
+        if self.kernel is not None:
+            step.kernel, step.kernel_reason = self.kernel.kernel, self.kernel.reason
         observers.step_finished(step)
         self.checkpoints.commit_step(it, StepLog(records, step))
         self._last_record = step

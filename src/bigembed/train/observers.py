@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from bigembed.buckets import negative_settings
 from bigembed.config import ConfigSchema
-from bigembed.kernels import NativeEval, Table
+from bigembed.kernels import Table
 from bigembed.model import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
 from bigembed.ranking import EvalPlan, RankingSums, UnitResult, evaluate_edges
@@ -148,9 +148,6 @@ class WithheldEdgeEval(Observer):
         self.seed = cfg.seed
         self.negs = negative_settings(cfg, for_eval=True)
         self.batch_size = cfg.batch_size  # evaluate_edges rounds it to the batch negatives
-        # The native scoring where it applies (here when the eval runs in this process; the
-        # Hogwild workers use their own).
-        self.scorer = NativeEval.for_model(model, self.negs)
         self._before: RankingSums | None = None
         self.step_before, self.step_after = RankingSums(), RankingSums()
 
@@ -171,7 +168,6 @@ class WithheldEdgeEval(Observer):
             self.batch_size,
             seed,
             work.run_eval,
-            self.scorer,
         )
 
     def step_started(self, it: Iteration, num_edges: int) -> None:

@@ -20,7 +20,8 @@ Keys:
   ``load_seconds`` (waiting for the bucket's partitions and edges), ``train_seconds`` (the
   Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
 * step: ``io_bytes_read``, ``io_bytes_written``, ``io_wait_seconds``, and in distributed runs
-  ``net_bytes``, ``lock_waits``, ``trainers``.
+  ``net_bytes``, ``lock_waits``, ``trainers``; ``kernel`` (``native`` or ``eager``: the training
+  step's path, decided once per run) and ``kernel_reason`` (why), absent from older files.
 """
 
 from __future__ import annotations
@@ -189,6 +190,9 @@ class StepRecord(JsonForm):
     trainers: int | None = omit_none()
     #: seconds the training thread waited for partitions to be read or written back
     io_wait_seconds: float | None = omit_none()
+    #: the run's kernel choice (bigembed.kernels.native.choice); absent from older files
+    kernel: str | None = omit_none()
+    kernel_reason: str | None = omit_none()
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -255,9 +259,19 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         lock_waits=total("lock_waits"),
         trainers=len(parts),
         io_wait_seconds=sum(waits) if waits else None,
+        **_merge_kernels(steps),
     )
     buckets = [replace(b, trainer=r) for r, p in enumerate(parts) for b in p.buckets]
     return StepLog(buckets, step)
+
+
+def _merge_kernels(steps: Sequence[StepRecord]) -> dict[str, str | None]:
+    """The kernel of a distributed step: ``native`` only if every trainer's was, else the
+    first eager trainer's choice, its reason naming the trainer."""
+    for rank, s in enumerate(steps):
+        if s.kernel == "eager":
+            return {"kernel": "eager", "kernel_reason": f"trainer {rank}: {s.kernel_reason}"}
+    return {"kernel": steps[0].kernel, "kernel_reason": steps[0].kernel_reason}
 
 
 @dataclasses.dataclass

@@ -1,1 +1,2 @@
-"""The native C++ kernels: the build, one ctypes mirror of their ABI, the step and the eval."""
+"""The native C++ kernels: build and load, the one ctypes mirror of their ABI, a run's choice of
+kernel, the step and the eval."""

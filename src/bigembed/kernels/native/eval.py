@@ -1,29 +1,26 @@
 """The native scoring of the withheld-edge eval: one call of ``native_step.cpp`` per eval unit.
 
 PBG's ``eval_fraction`` ranks each bucket's withheld edges before and after training it against
-1000 batch + 1000 uniform negatives per side (its defaults): 20x the negatives of a training
-edge. On small-dimension graphs the eager scoring (score blocks, then separate passes for the
-loss and the rank counts) took about half of a training epoch once the training step was
-native. The kernel scores one corrupted side of one batch (an eval *unit*, see
-:class:`bigembed.ranking.sampled.EvalPlan`) in tiles of rows held in cache: the
-gathers, the global embedding, the operator and the ``cos`` normalisation of the training
-kernel, register-blocked products against packed negatives, and one pass per score row for
-the masks, the rank counts and the loss. No backward, no update.
+many more negatives per edge than training uses, so on small-dimension graphs the eager scoring
+(score blocks, then separate passes for the loss and the rank counts) would cost a large part
+of an epoch. The kernel scores one corrupted side of one batch (an eval *unit*, see
+:class:`bigembed.ranking.sampled.EvalPlan`) in tiles of rows held in cache: the gathers, the
+global embedding, the operator and the ``cos`` normalisation of the training kernel,
+register-blocked products against packed negatives, and one pass per score row for the masks,
+the rank counts and the loss. No backward, no update.
 
 It returns per positive what :func:`bigembed.ranking.metrics.ranks_and_auc` and the loss count
 (unmasked negatives scoring at least as high, below, and in all; the loss before the edge
-weight); :func:`bigembed.ranking.sampled.eval_unit`, handed the kernel as its
-``scorer`` by training (the withheld-edge eval observer, the Hogwild workers), turns them into
-the same sums as the eager path. It applies to a unit when (else the eager path, the
-reference, runs):
+weight); :func:`bigembed.ranking.sampled.eval_unit`, handed the kernel as its ``scorer`` by the
+Hogwild pool, turns them into the same sums as the eager path. It applies to a unit when (else
+the eager path, the reference, runs):
 
 * standard relations (not ``dynamic_relations``) whose operator is ``none``, ``translation``
   or ``diagonal`` and without ``all_negs``;
 * comparator ``dot`` or ``cos`` without ``bias``; loss ``ranking``, ``softmax`` or
   ``logistic``; ``compute_dtype: float32``; dimension at most
   :data:`bigembed.kernels.native.step.MAX_DIMENSION`;
-* the native library could be built (:mod:`bigembed.kernels.native.build`; ``BIGEMBED_NATIVE=0``
-  turns it off).
+* the run's kernel choice gave it a library (:mod:`bigembed.kernels.native.choice`).
 
 Regularisation, ``max_norm`` and dropout do not enter the eval's scores, so unlike the training
 step they do not keep the eval off the kernel.
@@ -37,31 +34,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.kernels.native.build import native_library
-from bigembed.kernels.native.step import MAX_DIMENSION, NATIVE_LOSS_KINDS, relation_plan
+from bigembed.kernels.native.abi import LOSS_KINDS, EvalArgs
+from bigembed.kernels.native.step import MAX_DIMENSION, relation_plan, scoring_unsupported
 from bigembed.model import CosComparator, NegativeSettings, ScoringModel
 from bigembed.ranking import SideCounts
-
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-_D = ctypes.c_double
-
-
-class _EvalArgs(ctypes.Structure):
-    """``EvalArgs`` of native_step.cpp, field for field."""
-
-    _fields_ = [
-        *((name, _P) for name in ("lhs_emb", "rhs_emb", "lhs_idx", "rhs_idx", "uidx")),
-        *((name, _P) for name in ("op_param", "lhs_glob", "rhs_glob")),
-        *((name, _I) for name in ("dim", "batch", "num_batch_negs", "num_uniform")),
-        *((name, _I) for name in ("uniform_group", "cos", "loss_kind", "op_kind", "side")),
-        ("margin", _D),
-        *((name, _P) for name in ("at_least", "below", "valid", "row_loss")),
-    ]
-
-
-def _model_supported(model: ScoringModel) -> bool:
-    return not model.dynamic and model.fusable_loss and model.compute_dtype == torch.float32
 
 
 class NativeEval:
@@ -73,16 +49,15 @@ class NativeEval:
         self.model = model
         self.negs = negs
         self.cos = isinstance(model.comparator, CosComparator)
-        self.loss_kind = NATIVE_LOSS_KINDS[model.spec.loss]
+        self.loss_kind = LOSS_KINDS[model.spec.loss]
         self.margin = float(model.spec.margin)
 
     @classmethod
-    def for_model(cls, model: ScoringModel, negs: NegativeSettings) -> NativeEval | None:
-        """The kernel for this model, or None when none of its units can use it."""
-        if not _model_supported(model):
-            return None
-        lib = native_library()
-        return None if lib is None else cls(lib, model, negs)
+    def for_model(
+        cls, model: ScoringModel, negs: NegativeSettings, lib: ctypes.CDLL
+    ) -> NativeEval | None:
+        """The kernel of ``lib`` for this model, or None when none of its units can use it."""
+        return None if scoring_unsupported(model) is not None else cls(lib, model, negs)
 
     def side(
         self,
@@ -127,7 +102,7 @@ class NativeEval:
         def ptr(t: Tensor | None) -> int | None:
             return None if t is None else t.data_ptr()
 
-        args = _EvalArgs(
+        args = EvalArgs(
             lhs_emb.data_ptr(),
             rhs_emb.data_ptr(),
             idx[0].ctypes.data,

@@ -16,11 +16,14 @@
 // batch negatives within one uniform group) is scored, turned into score gradients and
 // backpropagated while it is in cache.
 //
-// Built by bigembed.kernels.native.build with the system C++ compiler; plain C ABI (ctypes).
+// Built by bigembed.kernels.native.build with the system C++ compiler; plain C ABI (ctypes),
+// whose structs are described to the loader by LAYOUT (see below).
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -44,7 +47,7 @@ static const float ADAGRAD_EPS = 1e-10f;
 
 extern "C" {
 
-// Field order and types match bigembed.kernels.native.step._Args (ctypes).
+// Mirrored by bigembed.kernels.native.abi.StepArgs (ctypes), checked against LAYOUT below.
 struct StepArgs {
     float* lhs_emb;
     float* lhs_state;
@@ -83,8 +86,8 @@ struct StepArgs {
     int64_t violators_rhs;
 };
 
-// Field order and types match bigembed.kernels.native.eval._EvalArgs (ctypes). One corrupted
-// side of one batch of the withheld-edge eval: scores only, no update.
+// Mirrored by bigembed.kernels.native.abi.EvalArgs (ctypes), checked against LAYOUT below.
+// One corrupted side of one batch of the withheld-edge eval: scores only, no update.
 struct EvalArgs {
     const float* lhs_emb;
     const float* rhs_emb;
@@ -111,7 +114,99 @@ struct EvalArgs {
     float* row_loss;  // the loss of each positive (before the edge weight)
 };
 
-int bigembed_native_abi(void) { return 2; }
+// The layout of every struct above, for the loader to compare with its ctypes mirror before
+// the first call (bigembed.kernels.native.abi.check_layout): per struct one row with its size
+// (field ""), then one row per field with its offset, size and kind ('p' pointer, 'i' integer,
+// 'f' floating point). A struct changed here and not in the mirror (or the reverse) is refused.
+struct LayoutRow {
+    const char* type;
+    const char* field;
+    int64_t offset;
+    int64_t size;
+    char kind;
+};
+
+#define BIGEMBED_STRUCT(S) {#S, "", 0, static_cast<int64_t>(sizeof(S)), 's'}
+#define BIGEMBED_FIELD(S, f)                                                              \
+    {#S, #f, static_cast<int64_t>(offsetof(S, f)), static_cast<int64_t>(sizeof(S::f)),   \
+     std::is_pointer<decltype(S::f)>::value          ? 'p'                              \
+     : std::is_integral<decltype(S::f)>::value       ? 'i'                              \
+     : std::is_floating_point<decltype(S::f)>::value ? 'f'                              \
+                                                     : '?'}
+
+static const LayoutRow LAYOUT[] = {
+    BIGEMBED_STRUCT(StepArgs),
+    BIGEMBED_FIELD(StepArgs, lhs_emb),
+    BIGEMBED_FIELD(StepArgs, lhs_state),
+    BIGEMBED_FIELD(StepArgs, rhs_emb),
+    BIGEMBED_FIELD(StepArgs, rhs_state),
+    BIGEMBED_FIELD(StepArgs, lhs_idx),
+    BIGEMBED_FIELD(StepArgs, rhs_idx),
+    BIGEMBED_FIELD(StepArgs, lhs_uidx),
+    BIGEMBED_FIELD(StepArgs, rhs_uidx),
+    BIGEMBED_FIELD(StepArgs, weight),
+    BIGEMBED_FIELD(StepArgs, op_param),
+    BIGEMBED_FIELD(StepArgs, op_grad),
+    BIGEMBED_FIELD(StepArgs, lhs_glob),
+    BIGEMBED_FIELD(StepArgs, rhs_glob),
+    BIGEMBED_FIELD(StepArgs, lhs_glob_grad),
+    BIGEMBED_FIELD(StepArgs, rhs_glob_grad),
+    BIGEMBED_FIELD(StepArgs, lhs_rows),
+    BIGEMBED_FIELD(StepArgs, rhs_rows),
+    BIGEMBED_FIELD(StepArgs, dim),
+    BIGEMBED_FIELD(StepArgs, batch),
+    BIGEMBED_FIELD(StepArgs, num_batch_negs),
+    BIGEMBED_FIELD(StepArgs, num_uniform),
+    BIGEMBED_FIELD(StepArgs, uniform_group),
+    BIGEMBED_FIELD(StepArgs, cos),
+    BIGEMBED_FIELD(StepArgs, loss_kind),
+    BIGEMBED_FIELD(StepArgs, op_kind),
+    BIGEMBED_FIELD(StepArgs, enable_lhs),
+    BIGEMBED_FIELD(StepArgs, enable_rhs),
+    BIGEMBED_FIELD(StepArgs, shared_table),
+    BIGEMBED_FIELD(StepArgs, margin),
+    BIGEMBED_FIELD(StepArgs, rel_weight),
+    BIGEMBED_FIELD(StepArgs, lr),
+    BIGEMBED_FIELD(StepArgs, loss),
+    BIGEMBED_FIELD(StepArgs, violators_lhs),
+    BIGEMBED_FIELD(StepArgs, violators_rhs),
+    BIGEMBED_STRUCT(EvalArgs),
+    BIGEMBED_FIELD(EvalArgs, lhs_emb),
+    BIGEMBED_FIELD(EvalArgs, rhs_emb),
+    BIGEMBED_FIELD(EvalArgs, lhs_idx),
+    BIGEMBED_FIELD(EvalArgs, rhs_idx),
+    BIGEMBED_FIELD(EvalArgs, uidx),
+    BIGEMBED_FIELD(EvalArgs, op_param),
+    BIGEMBED_FIELD(EvalArgs, lhs_glob),
+    BIGEMBED_FIELD(EvalArgs, rhs_glob),
+    BIGEMBED_FIELD(EvalArgs, dim),
+    BIGEMBED_FIELD(EvalArgs, batch),
+    BIGEMBED_FIELD(EvalArgs, num_batch_negs),
+    BIGEMBED_FIELD(EvalArgs, num_uniform),
+    BIGEMBED_FIELD(EvalArgs, uniform_group),
+    BIGEMBED_FIELD(EvalArgs, cos),
+    BIGEMBED_FIELD(EvalArgs, loss_kind),
+    BIGEMBED_FIELD(EvalArgs, op_kind),
+    BIGEMBED_FIELD(EvalArgs, side),
+    BIGEMBED_FIELD(EvalArgs, margin),
+    BIGEMBED_FIELD(EvalArgs, at_least),
+    BIGEMBED_FIELD(EvalArgs, below),
+    BIGEMBED_FIELD(EvalArgs, valid),
+    BIGEMBED_FIELD(EvalArgs, row_loss),
+};
+
+// The rows of LAYOUT: their number, and each through the out-parameters.
+int64_t bigembed_native_layout_rows(void) { return sizeof(LAYOUT) / sizeof(LAYOUT[0]); }
+int bigembed_native_layout_row(int64_t i, const char** type, const char** field,
+                               int64_t* offset, int64_t* size, char* kind) {
+    if (i < 0 || i >= bigembed_native_layout_rows()) return -1;
+    *type = LAYOUT[i].type;
+    *field = LAYOUT[i].field;
+    *offset = LAYOUT[i].offset;
+    *size = LAYOUT[i].size;
+    *kind = LAYOUT[i].kind;
+    return 0;
+}
 
 }  // extern "C"
 

@@ -1,10 +1,9 @@
 """The native training step: one call of ``native_step.cpp`` per batch where it applies.
 
-For small-dimension work (d=100, 50 batch + 50 uniform negatives, PBG's defaults) the eager
-step is ~100 small torch operations on 1000 x 100 tensors, and their dispatch, autograd and
-memory passes cost more than the products. The kernel does the same step (gathers, operator,
-comparator, loss, backward, row Adagrad in place) in one call with register-blocked products,
-on one thread (a Hogwild worker's).
+For small dimensions the eager step is about a hundred small torch operations per batch, whose
+dispatch, autograd and memory passes cost more than the products themselves. The kernel does
+the same step (gathers, operator, comparator, loss, backward, row Adagrad in place) in one call
+with register-blocked products, on one thread (a Hogwild worker's).
 
 It applies to a batch when (else the eager path, the reference, runs):
 
@@ -15,13 +14,13 @@ It applies to a batch when (else the eager path, the reference, runs):
 * ``regularization_coef: 0``, no ``max_norm``, no ``entity_dropout``/``relation_dropout``;
 * uniform negatives (``num_uniform_negs > 0``), at most :data:`MAX_NEGATIVES` negatives per
   positive and dimension at most :data:`MAX_DIMENSION` (beyond that torch's products, on
-  more threads, are the better choice);
-* the native library could be built (:mod:`bigembed.kernels.native.build`; ``BIGEMBED_NATIVE=0``
-  turns it off).
+  more threads, are the better choice).
 
-Results match the eager step to float rounding (tests/test_native_step.py): the products and
-sums run in another order, nothing else differs, and uniform negatives are drawn from the same
-generator calls.
+Whether a run uses it at all is decided once, by the trainer
+(:mod:`bigembed.kernels.native.choice`); :func:`unsupported` gives the model-level reason when
+it cannot. Results match the eager step to float rounding (tests/test_native_step.py): the
+products and sums run in another order, nothing else differs, and uniform negatives are drawn
+from the same generator calls.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 
 from bigembed.buckets import Batch, draw_uniform
-from bigembed.kernels.native.build import native_library
+from bigembed.kernels.native.abi import LOSS_KINDS, OPERATOR_KINDS, StepArgs
 from bigembed.model import (
     CosComparator,
     DiagonalOperator,
@@ -48,30 +47,11 @@ MAX_NEGATIVES = 512
 #: Embedding dimension above which the eager path runs.
 MAX_DIMENSION = 512
 
-#: The kernels' code of each loss (``loss_kind`` of StepArgs and EvalArgs).
-NATIVE_LOSS_KINDS = {"softmax": 0, "ranking": 1, "logistic": 2}
-_OPERATOR_KINDS = {IdentityOperator: 0, TranslationOperator: 1, DiagonalOperator: 2}
-
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-_D = ctypes.c_double
-
-
-class _Args(ctypes.Structure):
-    """``StepArgs`` of native_step.cpp, field for field."""
-
-    _fields_ = [
-        *((name, _P) for name in ("lhs_emb", "lhs_state", "rhs_emb", "rhs_state")),
-        *((name, _P) for name in ("lhs_idx", "rhs_idx", "lhs_uidx", "rhs_uidx")),
-        *((name, _P) for name in ("weight", "op_param", "op_grad")),
-        *((name, _P) for name in ("lhs_glob", "rhs_glob", "lhs_glob_grad", "rhs_glob_grad")),
-        *((name, _I) for name in ("lhs_rows", "rhs_rows", "dim", "batch", "num_batch_negs")),
-        *((name, _I) for name in ("num_uniform", "uniform_group", "cos", "loss_kind")),
-        *((name, _I) for name in ("op_kind", "enable_lhs", "enable_rhs", "shared_table")),
-        *((name, _D) for name in ("margin", "rel_weight", "lr", "loss")),
-        ("violators_lhs", _I),
-        ("violators_rhs", _I),
-    ]
+_OPERATOR_KINDS = {
+    IdentityOperator: OPERATOR_KINDS["none"],
+    TranslationOperator: OPERATOR_KINDS["translation"],
+    DiagonalOperator: OPERATOR_KINDS["diagonal"],
+}
 
 
 @dataclass(frozen=True)
@@ -110,19 +90,52 @@ def relation_plan(model: ScoringModel, idx: int) -> _Relation | None:
     return _Relation(kind, param, float(rspec.weight), globs.get(rspec.lhs), globs.get(rspec.rhs))
 
 
-def _model_supported(model: ScoringModel, negs: NegativeSettings) -> bool:
+def scoring_unsupported(model: ScoringModel) -> str | None:
+    """Why neither kernel can score this model (the step's and the eval's common part), in
+    the config's words; None when they can."""
     spec = model.spec
-    return (
-        not model.dynamic
-        and model.fusable_loss
-        and model.compute_dtype == torch.float32
-        and model.reg_coef == 0
-        and not model.dropout
-        and spec.max_norm is None
-        and negs.num_uniform_negs > 0
-        and negs.num_uniform_negs + negs.num_batch_negs <= MAX_NEGATIVES
-        and not (negs.disable_lhs and negs.disable_rhs)
-    )
+    if model.dynamic:
+        return "dynamic_relations: true is not supported natively"
+    if not model.fusable_loss:
+        comparator = f"{spec.comparator} with bias" if spec.bias else spec.comparator
+        return f"comparator {comparator} with loss_fn {spec.loss} is not supported natively"
+    if model.compute_dtype != torch.float32:
+        return f"compute_dtype: {spec.compute_dtype} is not supported natively"
+    return None
+
+
+def unsupported(model: ScoringModel, negs: NegativeSettings) -> str | None:
+    """Why no batch of this model can take the native step, in the config's words (checked
+    once per run by the trainer); None when some can."""
+    spec = model.spec
+    total = negs.num_uniform_negs + negs.num_batch_negs
+    reasons = [
+        (model.reg_coef != 0, "regularization_coef > 0"),
+        (model.dropout, "entity_dropout / relation_dropout"),
+        (spec.max_norm is not None, "max_norm"),
+        (negs.num_uniform_negs == 0, "num_uniform_negs: 0"),
+        (total > MAX_NEGATIVES, f"{total} negatives per edge > native max {MAX_NEGATIVES}"),
+        (negs.disable_lhs and negs.disable_rhs, "disable_lhs_negs and disable_rhs_negs"),
+    ]
+    common = scoring_unsupported(model)
+    if common is not None:
+        return common
+    for failed, what in reasons:
+        if failed:
+            return f"{what} is not supported natively"
+    planned = [i for i in range(len(spec.relations)) if relation_plan(model, i) is not None]
+    if not planned:
+        if all(r.all_negs for r in spec.relations):
+            return "all_negs on every relation is not supported natively"
+        operators = ", ".join(sorted({r.operator for r in spec.relations}))
+        return f"operator {operators} is not supported natively"
+    dims = [
+        (spec.dimension(spec.relations[i].lhs), spec.dimension(spec.relations[i].rhs))
+        for i in planned
+    ]
+    if not any(lhs == rhs <= MAX_DIMENSION for lhs, rhs in dims):
+        return f"dimension {max(max(d) for d in dims)} > native max {MAX_DIMENSION}"
+    return None
 
 
 class NativeStep:
@@ -133,28 +146,16 @@ class NativeStep:
         self.model = model
         self.negs = negs
         self.cos = isinstance(model.comparator, CosComparator)
-        self.loss_kind = NATIVE_LOSS_KINDS[model.spec.loss]
+        self.loss_kind = LOSS_KINDS[model.spec.loss]
         self.margin = float(model.spec.margin)
         self._relations: dict[int, _Relation | None] = {}
 
     @classmethod
-    def for_model(cls, model: ScoringModel, negs: NegativeSettings) -> NativeStep | None:
-        """The kernel for this model, or None when no batch of it can use the kernel."""
-        if not _model_supported(model, negs):
-            return None
-        lib = native_library()
-        if lib is None:
-            return None
-        native = cls(lib, model, negs)
-        if all(native._relation(i) is None for i in range(len(model.spec.relations))):
-            return None  # no relation has an operator the kernel knows (or all use all_negs)
-        return native
-
-    @staticmethod
-    def prepare(model: ScoringModel, negs: NegativeSettings) -> bool:
-        """Build (or find cached) the kernel now if this model can use it: called by the trainer
-        before its Hogwild workers start, so they only load it. True when it is ready."""
-        return NativeStep.for_model(model, negs) is not None
+    def for_model(
+        cls, model: ScoringModel, negs: NegativeSettings, lib: ctypes.CDLL
+    ) -> NativeStep | None:
+        """The kernel of ``lib`` for this model, or None when no batch of it can use it."""
+        return None if unsupported(model, negs) is not None else cls(lib, model, negs)
 
     def _relation(self, idx: int) -> _Relation | None:
         if idx not in self._relations:
@@ -205,7 +206,7 @@ class NativeStep:
         def ptr(t: Tensor | None) -> int | None:
             return None if t is None else t.data_ptr()
 
-        args = _Args(
+        args = StepArgs(
             lhs_emb.data_ptr(),
             lhs_state.data_ptr(),
             rhs_emb.data_ptr(),

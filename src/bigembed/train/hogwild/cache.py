@@ -1,11 +1,10 @@
 """Objects sent to the Hogwild workers once, then named by a token.
 
 Sending a shared-memory tensor to a worker process passes its file descriptor through
-multiprocessing's resource sharer: one socket connection with an HMAC handshake per storage.
-Sent afresh with every bucket (two tensors per table, up to four tables, plus the edges), that
-was a quarter of the workers' time on ``bench/balance_bench.py`` (py-spy: ``rebuild_storage_fd``
-> ``answer_challenge``), with ~9 batches of work per bucket. Consecutive buckets mostly use
-the same tables and the same edge buffers, so the pool sends each object once with a token
+multiprocessing's resource sharer: one socket connection with an HMAC handshake per storage,
+which costs a large share of the workers' time when buckets are short if repeated for every
+bucket (two tensors per table, up to four tables, plus the edges). Consecutive buckets mostly
+use the same tables and the same edge buffers, so the pool sends each object once with a token
 (:class:`Handle` with a value); later tasks carry the token alone and the worker keeps the
 object in its :class:`WorkerCache` until it is told to drop it (:class:`Drop`).
 

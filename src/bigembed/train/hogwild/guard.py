@@ -1,16 +1,11 @@
-"""Worker processes: started cheaply, and dying with the trainer whatever happens.
-
-**Start.** Workers are forked from a *forkserver* that imported the worker code once
-(:func:`worker_context`; ``bigembed.train.hogwild.preload``): a process importing torch
-costs ~3 s of CPU here, which ``spawn`` paid in every worker of every run, and a program that
-trains several times (the Python API, ``bigembed tune``, a test suite) pays it once. The
-forkserver is a fresh single-threaded process (no OpenMP pool to break by forking). Where
-there is no forkserver (Windows) workers are spawned. The environment a worker sees is the
-trainer's at the time the pool starts (:func:`adopt_environment`), as with ``spawn``.
+"""Worker processes: dying with the trainer whatever happens. Standard library only.
 
 **Lifetime.** A worker must not outlive a trainer killed with SIGKILL: each holds hundreds of
-MB and would wait for tasks forever. The guard runs before anything heavy is unpickled (this
-module uses the standard library only):
+MB and would wait for tasks forever. A worker process starts in :func:`worker_entry`, which
+arms the guard before anything heavy is imported or unpickled; so this module imports the
+standard library only, nothing of bigembed, torch or numpy (an import-linter contract in
+pyproject.toml), and learns the worker's main function as a ``"module:function"`` string that it
+resolves only once the guard is armed:
 
 1. the trainer's pid is opened as a *pidfd* (Linux 5.3+): if the trainer is already gone the
    worker exits at once, else a daemon thread sleeps in ``poll()`` on it and ends the process
@@ -20,16 +15,23 @@ module uses the standard library only):
    death (``prctl(PR_SET_PDEATHSIG)``);
 3. without pidfds, a daemon thread polls the trainer's pid every second.
 
-The forkserver itself exits when the trainer does (it reads EOF from the trainer), and ignores
-SIGINT and SIGTERM like the workers: the trainer stops the workers, and a forkserver killed by
-a signal sent to the whole process group would make every worker look dead to the trainer.
+**Start.** Workers are forked from a *forkserver* that imported the worker code once
+(:data:`PRELOAD`; the context is :func:`bigembed.train.hogwild.pool.worker_context`), so a
+program that trains several times (the Python API, ``bigembed tune``, a test suite) pays for
+importing torch once, not per worker and run. The forkserver is a fresh single-threaded process
+(no OpenMP pool to break by forking); where there is none (Windows) workers are spawned. The
+environment a worker sees is the trainer's at the time the pool starts
+(:func:`adopt_environment`), as with ``spawn``. The forkserver exits when the trainer does (it
+reads EOF from the trainer), and ignores SIGINT and SIGTERM like the workers: the trainer stops
+the workers, and a forkserver killed by a signal sent to the whole process group would make
+every worker look dead to the trainer.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import multiprocessing
+import importlib
 import os
 import select
 import signal
@@ -45,22 +47,10 @@ POLL_SECONDS = 1.0
 PRELOAD = "bigembed.train.hogwild.preload"
 
 
-def worker_context() -> Any:
-    """The multiprocessing context workers start from: a forkserver preloaded with the worker
-    code where the platform has one, else spawn."""
-    import torch.multiprocessing as mp  # its context registers the shared-tensor reductions
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([PRELOAD])  # read when the forkserver starts (once)
-    return ctx
-
-
 def adopt_environment(environ: dict[str, str]) -> None:
     """Make this worker's environment the trainer's (a forkserver started earlier in the same
     program holds the environment of that moment; settings read when used, such as
-    ``BIGEMBED_NATIVE``, must follow the trainer's current one)."""
+    ``BIGEMBED_CACHE_DIR``, must follow the trainer's current one)."""
     if dict(os.environ) != environ:
         os.environ.clear()
         os.environ.update(environ)
@@ -129,8 +119,12 @@ def name_process(name: str) -> None:
     _prctl(PR_SET_NAME, name.encode()[:15])
 
 
-def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: Any) -> None:
-    """Target of a Hogwild worker process: guard first, then the (heavy) worker loop.
+def worker_entry(
+    parent_pid: int, rank: int, main: str, tasks: Any, results: Any, *shared: Any
+) -> None:
+    """Target of a Hogwild worker process: guard first, then the (heavy) worker loop ``main``
+    (``"module:function"``, imported only now), called as ``main(rank, tasks, results,
+    *shared)``.
 
     The worker's setup (model, shared tables) arrives as the first message on ``tasks`` rather
     than as a process argument, so that nothing heavy is unpickled before the guard is in place.
@@ -144,6 +138,5 @@ def worker_entry(parent_pid: int, rank: int, tasks: Any, results: Any, *shared: 
     # interruption into a "worker died" error.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from bigembed.train.hogwild.pool import worker_main
-
-    worker_main(rank, tasks, results, *shared)
+    module, _, function = main.partition(":")
+    getattr(importlib.import_module(module), function)(rank, tasks, results, *shared)

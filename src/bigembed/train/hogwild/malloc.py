@@ -4,8 +4,8 @@ A training step allocates and frees the same few megabytes of temporaries (score
 rows, gradients) every batch. With glibc's defaults, large blocks are ``mmap``-ed and unmapped
 again and the heap top is trimmed, so every batch pays page faults (and the zeroing of fresh,
 often huge, pages) for memory it just gave back. Raising the mmap and trim thresholds keeps the
-blocks on the heap for reuse: about 10% more edges/s for two bf16 Hogwild workers on FB15k-237.
-The cost is that up to ``TRIM_THRESHOLD`` of freed memory stays mapped in each worker.
+blocks on the heap for reuse (BENCHMARKS.md has the gain). The cost is that up to
+``TRIM_THRESHOLD`` of freed memory stays mapped in each worker.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
-"""Hogwild training of one bucket: worker processes update shared embeddings without locks.
+"""The trainer's side of Hogwild training: a pool of worker processes for one run.
 
-A pool of ``workers`` processes (forked once per pool from a preloaded forkserver, one torch
-thread each) receives, per bucket, the shared-memory tables and the shuffled edges (each object
-sent once and then named by a token, see :mod:`bigembed.train.hogwild.cache`; the edges in
-reused buffers, :mod:`bigembed.train.memory.edge_buffers`), trains its part of them, and reports
-stats. How the edges are split (config ``load_balancing``):
+A pool of ``workers`` processes (forked from a preloaded forkserver, one torch thread each:
+:func:`worker_context`) receives, per bucket, the shared-memory tables and the shuffled edges
+(each object sent once and then named by a token, see :mod:`bigembed.train.hogwild.cache`; the
+edges in reused buffers, :mod:`bigembed.train.memory.edge_buffers`), trains its parts of them
+(:mod:`bigembed.train.hogwild.worker`) and reports stats; the messages are those of
+:mod:`bigembed.train.hogwild.messages`. The workers also rank the withheld-edge eval before and
+after each bucket (:meth:`HogwildPool.run_eval`, as PBG evaluates in its pool).
 
-* ``cost`` (work stealing): the trainer plans the bucket's batches once
-  (:func:`~bigembed.buckets.batching.batch_plan`, PBG's batching rule over the whole bucket) and
-  the workers take them one at a time from a shared counter until none is left, so a worker
-  slowed down (by a costlier relation, a busy core, ``hogwild_delay``) simply takes fewer and
-  nobody idles at the end of a bucket. Every batch is trained exactly once; each batch is drawn
-  as before, so the loss per edge is the same in expectation;
-* ``pbg``: each worker gets an even slice of the shuffled edges and batches it itself; the
-  bucket ends when the slowest worker does.
-
-The workers also rank the withheld-edge eval before and after each bucket
-(:meth:`HogwildPool.run_eval`; PBG evaluates in its pool too): its units, one corrupted side of
-one batch each, are taken from the same shared counter.
-
-Progress is published through a small shared tensor so the parent can draw a live progress bar.
+Progress is published through a small shared tensor so the trainer can draw a live progress bar.
 With one worker everything runs in the calling process. Workers die with the trainer, even one
-killed while they start up (see :mod:`bigembed.train.hogwild.guard`).
+killed while it starts up (see :mod:`bigembed.train.hogwild.guard`).
 """
 
 from __future__ import annotations
@@ -29,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing
 import os
 import queue
 import signal
@@ -37,7 +27,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -46,277 +35,43 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from bigembed.buckets import Batch, batch_plan, make_batches, planned_batch
+from bigembed.buckets import batch_plan
 from bigembed.errors import BigembedError
-from bigembed.kernels import BatchTrainer, NativeEval, StepStats, Table
-from bigembed.model import NegativeSettings, ScoringModel
+from bigembed.kernels import StepStats, Table
 from bigembed.partition_keys import PartitionKey
 from bigembed.ranking import EvalPlan, UnitResult, eval_unit
-from bigembed.train.hogwild.cache import Drop, Handle, SentObjects, WorkerCache
-from bigembed.train.hogwild.gate import BatchGate
-from bigembed.train.hogwild.guard import adopt_environment, worker_context, worker_entry
+from bigembed.train.hogwild.cache import Drop, SentObjects
+from bigembed.train.hogwild.guard import PRELOAD, worker_entry
 from bigembed.train.hogwild.malloc import keep_freed_memory
-from bigembed.train.memory.edge_buffers import EdgeBuffer, EdgeBuffers, PreparedEdges
+from bigembed.train.hogwild.messages import (
+    ACK,
+    BOARD_COLUMNS,
+    BUSY,
+    EDGES,
+    LOSS,
+    BatchQueue,
+    BucketMessage,
+    BucketTask,
+    EvalMessage,
+    WorkerSetup,
+)
+from bigembed.train.hogwild.worker import MAIN, make_trainer, run_task
+from bigembed.train.memory.edge_buffers import EdgeBuffers, PreparedEdges
+
+__all__ = ["ACK", "BUSY", "BatchQueue", "HogwildPool", "WorkerSetup", "worker_context"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class BucketTask:
-    """One worker's share of a bucket."""
-
-    tables: dict[PartitionKey, Table]
-    sides: list[tuple[PartitionKey, PartitionKey]]  # per relation idx: (lhs table, rhs table)
-    lhs: Tensor
-    rhs: Tensor
-    rel: Tensor
-    weight: Tensor | None
-    start: int
-    end: int
-    seed: int
-    delay: float = 0.0  # seconds to wait before starting (PBG's hogwild_delay)
-    # Work stealing: the bucket's batch plan (see batch_plan) over edges already put in plan
-    # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
-    # array sent by value (one more shared-memory tensor per task costs more than it).
-    plan: np.ndarray | None = None
-
-
-@dataclass
-class BucketMessage:
-    """A :class:`BucketTask` as sent to a worker: the tables and the edge buffer as handles
-    (see :mod:`bigembed.train.hogwild.cache`), the edges being the first ``count`` rows."""
-
-    tables: dict[PartitionKey, Handle[Table]]
-    sides: list[tuple[PartitionKey, PartitionKey]]
-    edges: Handle[EdgeBuffer]
-    count: int
-    start: int
-    end: int
-    seed: int
-    delay: float
-    plan: np.ndarray | None
-
-    def resolve(self, cache: WorkerCache) -> BucketTask:
-        buf = cache.resolve(self.edges)
-        n = self.count
-        return BucketTask(
-            {k: cache.resolve(h) for k, h in self.tables.items()},
-            self.sides,
-            buf.lhs[:n],
-            buf.rhs[:n],
-            buf.rel[:n],
-            None if buf.weight is None else buf.weight[:n],
-            self.start,
-            self.end,
-            self.seed,
-            self.delay,
-            self.plan,
-        )
-
-
-@dataclass
-class EvalMessage:
-    """An :class:`EvalTask` as sent to a worker (the tables as handles)."""
-
-    tables: dict[PartitionKey, Handle[Table]]
-    sides: list[tuple[PartitionKey, PartitionKey]]
-    plan: EvalPlan
-    workers: int
-
-    def resolve(self, cache: WorkerCache) -> EvalTask:
-        tables = {k: cache.resolve(h) for k, h in self.tables.items()}
-        return EvalTask(tables, self.sides, self.plan, self.workers)
-
-
-@dataclass
-class EvalTask:
-    """A withheld-edge eval for the workers: the units of ``plan`` (see
-    :class:`~bigembed.ranking.sampled.EvalPlan`), taken from the batch queue (work
-    stealing) or, without it, every ``workers``-th unit from the worker's rank."""
-
-    tables: dict[PartitionKey, Table]
-    sides: list[tuple[PartitionKey, PartitionKey]]
-    plan: EvalPlan
-    workers: int
-
-
-def run_eval_task(
-    setup: WorkerSetup, task: EvalTask, rank: int, batches: BatchQueue | None
-) -> list[tuple[int, UnitResult]]:
-    """The units this worker ranks, with their results."""
-    n = task.plan.num_units
-    units: Iterator[int] = (
-        iter(batches.take, None) if batches is not None else iter(range(rank, n, task.workers))
-    )
-    scorer = NativeEval.for_model(setup.model, task.plan.negs)
-    out = []
-    for u in units:
-        if u >= n:
-            break
-        result = eval_unit(
-            setup.model, lambda key: task.tables[key].emb, task.sides, task.plan, u, scorer
-        )
-        out.append((u, result))
-    return out
-
-
-@dataclass
-class WorkerSetup:
-    model: ScoringModel
-    model_states: list[Tensor]
-    negs: NegativeSettings
-    lr: float
-    relation_lr: float
-    batch_size: int
-    dynamic: bool
-    gate: BatchGate | None = None  # passed before every batch (synchronous strategies)
-    group_queries: bool = False  # train_type: KvsAll (see bigembed.buckets.batching)
-
-
-class BatchQueue:
-    """The shared queue of a bucket's planned batches: a counter in shared memory.
-
-    ``take`` hands out 0, 1, 2, ... exactly once each across all processes (the counter's lock
-    makes read-and-increment atomic); ``reset`` starts a new bucket (only while no worker is
-    taking). Passed to the workers as a process argument (a lock cannot travel in a queue).
-    """
-
-    def __init__(self, ctx: Any) -> None:
-        self._next = ctx.Value("q", 0, lock=True)
-
-    def take(self) -> int:
-        with self._next.get_lock():
-            k = int(self._next.value)
-            self._next.value = k + 1
-        return k
-
-    def reset(self) -> None:
-        with self._next.get_lock():
-            self._next.value = 0
-
-
-def _even_share(setup: WorkerSetup, task: BucketTask, rng: np.random.Generator) -> Iterator[Batch]:
-    sel = slice(task.start, task.end)
-    weight = None if task.weight is None else task.weight[sel]
-    return make_batches(
-        task.lhs[sel],
-        task.rhs[sel],
-        task.rel[sel],
-        weight,
-        setup.batch_size,
-        setup.dynamic,
-        rng,
-        setup.group_queries,
-    )
-
-
-def _stolen(task: BucketTask, batches: BatchQueue) -> Iterator[Batch]:
-    assert task.plan is not None
-    n = int(task.plan.shape[0])
-    while (k := batches.take()) < n:
-        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, task.plan[k])
-
-
-def run_task(
-    setup: WorkerSetup,
-    task: BucketTask,
-    trainer: BatchTrainer,
-    progress: Callable[[int, float], None],
-    slot: int = 0,
-    batches: BatchQueue | None = None,
-) -> StepStats:
-    """Train ``task``: its edge range, or with a plan, batches taken from ``batches`` until the
-    queue is empty; ``progress(edges, loss)`` is called after every batch.
-
-    ``slot``: this worker's index (its counter in the setup's gate)."""
-    if task.delay > 0:
-        time.sleep(task.delay)
-    trainer.gen.manual_seed(task.seed)
-    total = StepStats()
-    gate = setup.gate
-    if task.plan is not None:
-        assert batches is not None, "a planned task needs the batch queue"
-        source = _stolen(task, batches)
-    else:
-        source = _even_share(setup, task, np.random.default_rng(task.seed))
-    for batch in source:
-        if gate is not None:
-            gate.wait_turn()
-        lhs_key, rhs_key = task.sides[batch.relation_idx]
-        stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key])
-        total.add(stats)
-        if gate is not None:
-            gate.passed(slot)
-        progress(stats.count, stats.loss)
-    return total
-
-
-def _make_trainer(setup: WorkerSetup) -> BatchTrainer:
-    return BatchTrainer(
-        setup.model, setup.model_states, setup.negs, setup.lr, setup.relation_lr, torch.Generator()
-    )
-
-
-def worker_main(
-    rank: int, tasks: mp.Queue, results: mp.Queue, batches: BatchQueue | None = None
-) -> None:
-    """The worker loop; its first message is ``(setup, board, environment)``, then tasks until
-    ``None``.
-
-    Tasks come as :class:`BucketMessage` / :class:`EvalMessage` whose tables and edges are
-    kept in a :class:`WorkerCache` until a :class:`Drop` names them (acknowledged in the
-    board's ``ACK`` column when it has a sequence number).
-
-    Runs after :func:`bigembed.train.hogwild.guard.worker_entry` has tied the process's life to
-    the trainer's.
-    """
-    setup, board, environ = tasks.get()
-    adopt_environment(environ)
-    torch.set_num_threads(1)
-    keep_freed_memory()
-    trainer = _make_trainer(setup)
-    cache = WorkerCache()
-
-    def progress(edges: int, loss: float) -> None:
-        board[rank, 0] += edges
-        board[rank, 1] += loss
-
-    while True:
-        message = tasks.get()
-        if message is None:
-            return
-        if isinstance(message, Drop):
-            cache.drop(message.tokens)
-            if message.seq > 0:
-                board[rank, ACK] = float(message.seq)
-            continue
-        # (rank, "ok", stats or eval results) or (rank, "error", text)
-        reply: tuple[int, str, StepStats | list[tuple[int, UnitResult]] | str]
-        started = time.perf_counter()
-        delay = 0.0
-        task: BucketTask | EvalTask | None = None
-        try:
-            task = message.resolve(cache)
-            if isinstance(task, EvalTask):
-                reply = (rank, "ok", run_eval_task(setup, task, rank, batches))
-            else:
-                delay = task.delay
-                reply = (rank, "ok", run_task(setup, task, trainer, progress, rank, batches))
-        except Exception:
-            reply = (rank, "error", traceback.format_exc())
-        if isinstance(message, BucketMessage):  # the board's busy time is training time
-            board[rank, BUSY] += time.perf_counter() - started - delay
-        # Only the cache holds the tables now: the trainer's Drop (acknowledged) releases them
-        # before an evicted partition's memory counts as free.
-        task = None
-        del message
-        results.put(reply)
-
-
-#: Column of the progress board holding each worker's seconds spent training tasks.
-BUSY = 2
-#: Column of the progress board holding the last acknowledged :class:`Drop` sequence number.
-ACK = 3
+def worker_context() -> Any:
+    """The multiprocessing context workers start from: a forkserver preloaded with the worker
+    code where the platform has one (a worker then starts without importing torch again), else
+    spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])  # read when the forkserver starts (once)
+    return ctx
 
 
 class HogwildPool:
@@ -326,7 +81,7 @@ class HogwildPool:
         self.setup = setup
         self.workers = workers
         self.steal = steal
-        self.board = torch.zeros((workers, 4), dtype=torch.float64)
+        self.board = torch.zeros((workers, BOARD_COLUMNS), dtype=torch.float64)
         self.last_busy: list[float] = []  # per worker: seconds busy in the last run()
         self._procs: list[BaseProcess] = []
         self._batches: BatchQueue | None = None
@@ -345,7 +100,14 @@ class HogwildPool:
                 # worker guards itself against its parent's death before unpickling anything.
                 p = ctx.Process(
                     target=worker_entry,
-                    args=(os.getpid(), rank, self._tasks[rank], self._results, self._batches),
+                    args=(
+                        os.getpid(),
+                        rank,
+                        MAIN,
+                        self._tasks[rank],
+                        self._results,
+                        self._batches,
+                    ),
                     name=f"bigembed-hogwild-{rank}",
                     daemon=True,
                 )
@@ -354,10 +116,10 @@ class HogwildPool:
                 self._tasks[rank].put((setup, self.board, dict(os.environ)))
         else:
             keep_freed_memory()
-            self._trainer = _make_trainer(setup)
+            self._trainer = make_trainer(setup)
 
     def progress(self) -> tuple[int, float]:
-        edges, loss = self.board[:, :2].sum(dim=0).tolist()
+        edges, loss = self.board[:, [EDGES, LOSS]].sum(dim=0).tolist()
         return int(edges), float(loss)
 
     def prepare(
@@ -417,8 +179,8 @@ class HogwildPool:
         if self.workers == 1:
 
             def progress(count: int, loss: float) -> None:
-                self.board[0, 0] += count
-                self.board[0, 1] += loss
+                self.board[0, EDGES] += count
+                self.board[0, LOSS] += loss
                 on_wait()
 
             task = BucketTask(
@@ -503,7 +265,7 @@ class HogwildPool:
         """Rank the units of a withheld-edge eval in the workers (each on its one thread, as
         they train); returns the results in unit order. With one worker: here."""
         if self.workers == 1:
-            scorer = NativeEval.for_model(self.setup.model, plan.negs)
+            scorer = self.setup.kernel.eval_kernel(self.setup.model, plan.negs)
             return [
                 eval_unit(self.setup.model, lambda key: tables[key].emb, sides, plan, u, scorer)
                 for u in range(plan.num_units)

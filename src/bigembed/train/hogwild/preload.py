@@ -13,4 +13,4 @@ import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-import bigembed.train.hogwild.pool  # noqa: E402,F401  (the point of the preload)
+import bigembed.train.hogwild.worker  # noqa: E402,F401  (the point of the preload)

@@ -28,7 +28,7 @@ import torch
 
 from bigembed.buckets import Batch, negative_settings
 from bigembed.config import ConfigSchema, model_spec
-from bigembed.kernels import BatchTrainer, Table
+from bigembed.kernels import BatchTrainer, Table, choose_kernel
 from bigembed.model import ScoringModel
 from bigembed.train.memory.cost import CostModel, Signature, signature_of
 
@@ -55,13 +55,15 @@ def calibrate(
     ``batches`` timed batches after one warm-up batch, one thread)."""
     gen = torch.Generator().manual_seed(seed)
     model = ScoringModel(model_spec(cfg, num_relations))
+    negs = negative_settings(cfg)
     trainer = BatchTrainer(
         model,
         [torch.zeros_like(p) for p in model.parameters()],
-        negative_settings(cfg),
+        negs,
         cfg.lr,
         cfg.resolved_relation_lr(),
         gen,
+        native=choose_kernel(cfg.kernel, model, negs).step_kernel(model, negs),
     )
     first: dict[Signature, int] = {}
     for k in range(len(cfg.relations) if not cfg.dynamic_relations else 1):
