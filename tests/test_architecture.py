@@ -90,8 +90,8 @@ def _write_import(root: Path, importer: str, imported: str, *, package: bool = F
 
 def _stand_in(root: Path, imports: list[tuple[str, str]]) -> None:
     """A stand-in ``bigembed`` under ``root`` that keeps every contract of pyproject.toml: an
-    empty package per layer module of each layers contract, and each import the contracts
-    ignore. Then each (importer, imported) of ``imports`` (names under ``bigembed.``): the
+    empty package per layer module of each layers contract, each source module of a forbidden
+    contract, and each import the contracts ignore. Then each (importer, imported) of ``imports`` (names under ``bigembed.``): the
     importer's ``core`` module imports the imported's ``inner`` module."""
     for contract in _contracts()["contracts"]:
         if contract["type"] == "layers":
@@ -99,6 +99,8 @@ def _stand_in(root: Path, imports: list[tuple[str, str]]) -> None:
                 for name in _layer_modules(contract["layers"]):
                     _write_import(root, f"{container}.{name}", "", package=True)
     for contract in _contracts()["contracts"]:
+        for source in contract.get("source_modules", []):
+            _write_import(root, source, "")
         for ignored in contract.get("ignore_imports", []):
             importer, imported = (part.strip() for part in ignored.split("->"))
             _write_import(root, imported, "")
