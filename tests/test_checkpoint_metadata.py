@@ -17,8 +17,8 @@ from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import CheckpointError
 from bigembed.train.loop import train
-from evalkit import make_config, write_checkpoint
-from synthetic import graph_config, write_graph
+from support.checkpoints import make_config, write_checkpoint
+from support.graphs import graph_config, write_graph
 
 # the keys docs/FORMAT.md lists for metadata.v{N}.json as training writes it
 TRAINED_KEYS = {

@@ -12,9 +12,10 @@ import pytest
 from bigembed.kernels.native import build as native_build
 from bigembed.train.hogwild import pool as hogwild
 from bigembed.train.loop import train
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(native_build.native_library() is None, reason="no C++ compiler")
 def test_workers_see_the_environment_of_the_pool_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

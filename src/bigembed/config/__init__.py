@@ -23,7 +23,7 @@ from bigembed.config.schema import (
     pbg_status,
     relation_list,
 )
-from bigembed.config.types import PRECISION_NAMES, STRATEGY_NAMES, OneOf
+from bigembed.config.types import PRECISION_NAMES, STRATEGY_NAMES, Bytes, OneOf
 
 __all__ = [
     "BIGEMBED_ONLY_KEYS",
@@ -31,6 +31,7 @@ __all__ = [
     "PBG_DIFFERENCES",
     "PRECISION_NAMES",
     "STRATEGY_NAMES",
+    "Bytes",
     "ConfigSchema",
     "EarlyStoppingSchema",
     "EntitySchema",
