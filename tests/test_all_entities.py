@@ -7,9 +7,8 @@ import torch
 
 from bigembed.config import parse_config_dict
 from bigembed.errors import ConfigError
-from bigembed.model import all_entities
+from bigembed.model import NegativeSettings, ScoringModel, SideEmbeddings, all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
-from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
 from support.steps import fresh_tables, fresh_trainer, perturbed_model
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bigembed.checkpoints import VERSION_FILE, CheckpointStore
+from bigembed.checkpoints.layout import FRESH_MARKER, STATS_FILE
 from bigembed.checkpoints.reading import load_trained
-from bigembed.checkpoints.store import FRESH_MARKER, STATS_FILE, VERSION_FILE, CheckpointStore
 from bigembed.cli import main as cli_main
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bigembed.checkpoints.store import VERSION_FILE
+from bigembed.checkpoints import VERSION_FILE
 from bigembed.cli import main as cli_main
 from bigembed.eval.report import evaluate_checkpoint
 from support.checkpoints import TrainedRing, write_config_file

@@ -14,8 +14,8 @@ import torch
 
 from bigembed.config import model_spec, parse_config_dict
 from bigembed.kernels.step import Table
+from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.negatives import MASKED
-from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.ranking.metrics import RankingSums
 from bigembed.ranking.sampled import (
     evaluate_edges,

@@ -12,9 +12,8 @@ import torch
 from bigembed.buckets.batching import PLAN_SIDES, batch_plan, make_batches
 from bigembed.config import model_spec, parse_config_dict
 from bigembed.errors import ConfigError
-from bigembed.model import all_entities
+from bigembed.model import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings, all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
-from bigembed.model.scoring import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
 from support.graphs import graph_config, write_graph
 from support.steps import fresh_tables, fresh_trainer, perturbed_model

@@ -245,7 +245,7 @@ def test_training_uses_fused_loss_with_same_value(
 ) -> None:
     """need_scores=False (training) and the score-block path agree on loss, gradients and
     violators, in both relation modes (standard mode sends rhs negatives through the operator)."""
-    from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
+    from bigembed.model import NegativeSettings, ScoringModel, SideEmbeddings
 
     spec = ModelSpec(
         relations=(RelationSpec("e", "e", operator),),

@@ -12,11 +12,11 @@ import torch
 
 from bigembed.config import config_keys, model_spec, parse_config_dict
 from bigembed.errors import ConfigError
+from bigembed.model import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.comparators import COMPARATORS
 from bigembed.model.losses import LOSSES, ranking_loss
 from bigembed.model.names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
 from bigembed.model.operators import OPERATORS
-from bigembed.model.scoring import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 

@@ -20,7 +20,7 @@ from bigembed.kernels.native import build as native_build
 from bigembed.kernels.native import eval as native_eval
 from bigembed.kernels.native.eval import NativeEval
 from bigembed.kernels.step import Table
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.ranking.metrics import RankingSums
 from bigembed.ranking.sampled import (

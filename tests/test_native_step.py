@@ -13,7 +13,7 @@ from bigembed.buckets.batching import Batch
 from bigembed.kernels.native import build as native_build
 from bigembed.kernels.native.step import NativeStep
 from bigembed.kernels.step import BatchTrainer, StepStats, Table
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 ROWS, DIM = 600, 13

@@ -13,7 +13,7 @@ import torch
 import bigembed
 from bigembed.cli import main as cli_main
 from bigembed.errors import BigembedError, InputError
-from bigembed.serving.query import QueryError, UnknownNameError, example_predictions
+from bigembed.serving import QueryError, UnknownNameError, example_predictions
 from support.checkpoints import TrainedRing, make_config, write_checkpoint, write_graph
 
 

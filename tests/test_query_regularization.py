@@ -12,8 +12,8 @@ import torch
 from bigembed.buckets.batching import Batch
 from bigembed.config import model_spec, parse_config_dict
 from bigembed.errors import ConfigError
+from bigembed.model import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model.all_entities import all_entity_softmax_loss
-from bigembed.model.scoring import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from support.steps import fresh_tables, fresh_trainer, perturbed_model
 
 P = 0.4

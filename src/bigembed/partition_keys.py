@@ -4,7 +4,8 @@ A *partition key* ``(entity type, partition)`` names one table of embeddings. A 
 ``(i, j)`` holds the edges whose lhs lies in partition ``i`` and rhs in partition ``j`` of their
 types. This module imports nothing, so every layer can use it (it sits at the bottom, with
 ``errors``), and Hogwild workers, the servers and the partition store use these types without
-pulling in the config or the stores (and with them pyarrow, ~40 MB per worker process).
+pulling in the config or the stores (and with them pyarrow, a large import in every worker
+process).
 """
 
 from __future__ import annotations

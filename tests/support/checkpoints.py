@@ -18,8 +18,8 @@ import pyarrow as pa
 import torch
 
 from bigembed.atomic import atomic_write_text
+from bigembed.checkpoints import VERSION_FILE, CheckpointStore
 from bigembed.checkpoints.metadata import CheckpointMetadata, IterationPosition
-from bigembed.checkpoints.store import VERSION_FILE, CheckpointStore
 from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
 from bigembed.model.scoring import ScoringModel
 from bigembed.storage.edges import write_edge_manifest

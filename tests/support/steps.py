@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from bigembed.kernels.step import BatchTrainer, Table
-from bigembed.model.scoring import NegativeSettings, ScoringModel
+from bigembed.model import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 
 #: no sampled negatives: the steps under test score against every entity

@@ -1,33 +1,19 @@
-"""What training and evaluation share about buckets, below both (neither imports the other).
+"""A bucket's edges as batches: geometry, batch plans, row gathering (shared by train and eval).
 
-The key types (``PartitionKey``, ``Bucket``) live at the bottom, in :mod:`bigembed.partition_keys`.
+Training, its withheld-edge eval and the ``sampled`` protocol of ``bigembed eval`` cut a
+bucket's edges and gather its rows the same way; this package is that one way, below
+``kernels``, ``ranking``, ``train`` and ``eval``. The key types (``PartitionKey``, ``Bucket``)
+live at the bottom, in :mod:`bigembed.partition_keys`; ranking against sampled negatives and the
+ranking metrics are in :mod:`bigembed.ranking`.
 
 * :mod:`~bigembed.buckets.geometry`: which partitions a bucket's relations use, how many edges
   each bucket has in a chunk;
-* :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches;
+* :mod:`~bigembed.buckets.batching`: cutting a bucket's edges into batches (batch plans);
 * :mod:`~bigembed.buckets.gather`: gathering a batch's embedding rows and its negatives;
-* :mod:`~bigembed.buckets.negative_settings`: the negative counts a config asks for;
-* :mod:`~bigembed.ranking.sampled`: scoring edges against sampled negatives, as the
-  withheld-edge eval of training and the ``sampled`` protocol of ``bigembed eval`` both do;
-* :mod:`~bigembed.ranking.metrics`: ranks from scores and the ranking metrics.
+* :mod:`~bigembed.buckets.negative_settings`: the negative counts a config asks for.
 """
 
-from bigembed.buckets.batching import Batch, batch_plan, make_batches, planned_batch
-from bigembed.buckets.gather import draw_uniform, gather_drawn, gather_rows, gather_side
-from bigembed.buckets.geometry import bucket_sides, chunk_sizes, partitions_per_side
-from bigembed.buckets.negative_settings import negative_settings
+import lazy_loader
 
-__all__ = [
-    "Batch",
-    "batch_plan",
-    "bucket_sides",
-    "chunk_sizes",
-    "draw_uniform",
-    "gather_drawn",
-    "gather_rows",
-    "gather_side",
-    "make_batches",
-    "negative_settings",
-    "partitions_per_side",
-    "planned_batch",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bigembed.checkpoints.layout import BEST_DIR, BEST_FILE, npy_header
 from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, check_same_import
-from bigembed.checkpoints.store import BEST_DIR, BEST_FILE, CheckpointStore, npy_header
+from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
 from bigembed.model import ScoringModel

@@ -1,22 +1,10 @@
-"""Versioned, atomic checkpoints (DESIGN.md invariant 3): the one reader and writer of a
+"""Versioned, atomic checkpoints: the one reader and writer of a checkpoint directory.
+
+The directory's layout is :mod:`bigembed.checkpoints.layout` (and docs/FORMAT.md); a
+partition's files :mod:`bigembed.checkpoints.partition_files`; the stats and validation logs
+:mod:`bigembed.checkpoints.logs`; ``epoch_N/`` and ``best/`` :mod:`bigembed.checkpoints.snapshots`.
+:class:`CheckpointStore` uses them all and owns the protocol below: nothing else writes to a
 checkpoint directory.
-
-Layout of ``checkpoint_path`` (documented in docs/FORMAT.md):
-
-``checkpoint_version.txt``
-    The committed version N: the number of completed (epoch, edge path, edge chunk) steps.
-    Written last, atomically: it is the commit point. Missing means "no checkpoint".
-``embeddings_{type}_{part}.v{N}.npy`` / ``optimizer_{type}_{part}.v{N}.npy``
-    One partition's float32 embeddings ``(count, dim)`` and row-Adagrad state ``(count,)``.
-``model.v{N}.pt``
-    Relation operator parameters, global embeddings and their Adagrad state (``torch.save``).
-``metadata.v{N}.json``
-    A :class:`~bigembed.checkpoints.metadata.CheckpointMetadata` record (format version,
-    config, iteration position, entity counts, relations, import id, timestamp).
-``training_stats.json``
-    JSON lines, one per trained bucket and per completed step, each tagged with its version.
-``epoch_{E}/``
-    Snapshots kept by ``checkpoint_preservation_interval`` (hard links to that version's files).
 
 Protocol of a writer (training, conversion), with N the committed version:
 
@@ -41,94 +29,43 @@ that for inference.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import logging
 import os
-import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from bigembed.atomic import atomic_file, atomic_write_bytes, atomic_write_text, fsync_dir
+from bigembed.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
+from bigembed.checkpoints.layout import (
+    CONFIG_FILE,
+    FRESH_MARKER,
+    STATS_FILE,
+    VALIDATION_FILE,
+    VERSION_FILE,
+    remove_temporaries,
+    version_files,
+    version_of,
+    versions_in,
+    write_error,
+)
+from bigembed.checkpoints.logs import read_stats_lines, read_validation_lines, write_lines
 from bigembed.checkpoints.metadata import CheckpointMetadata, partition_key_text
+from bigembed.checkpoints.partition_files import (
+    check_partition_files,
+    link_file,
+    read_partition_files,
+    write_partition_files,
+)
+from bigembed.checkpoints.snapshots import make_snapshot, read_best_record, snapshot_best
 from bigembed.errors import CheckpointError
 
-__all__ = [
-    "BEST_DIR",
-    "BEST_FILE",
-    "CONFIG_FILE",
-    "FRESH_MARKER",
-    "STATS_FILE",
-    "VALIDATION_FILE",
-    "VERSION_FILE",
-    "CheckpointStore",
-    "npy_header",
-]
-VERSION_FILE = "checkpoint_version.txt"
-STATS_FILE = "training_stats.json"
-CONFIG_FILE = "config.json"
-VALIDATION_FILE = "validation_stats.json"  # early stopping's evaluations, JSON lines
-BEST_DIR = "best"  # the best version so far: a snapshot (hard links) like epoch_N/
-BEST_FILE = "best.json"  # in BEST_DIR: which version, its metric; proves the snapshot is ours
-# Present only while a run that started from an empty directory has not committed its first
-# version: it proves that the version-1 files next to it were written by bigembed.
-FRESH_MARKER = ".first_version_in_progress"
-_VERSIONED = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.(?P<ext>npy|pt|json)$")
-# Temporary names bigembed itself creates: atomic_file / atomic_write_bytes (mkstemp adds
-# ".XXXXXXXX"), link_partition's copy fallback (".NAME.tmp"), preserve's ".epoch_E.tmp/".
-_TMP_FILE = re.compile(r"^\.(?P<name>.+?)(?:\.[a-z0-9_]{8})?\.tmp$")
-_TMP_SNAPSHOT = re.compile(r"^\.(?:epoch_\d+|best)(?:\.old)?\.tmp$")
-_OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER, VALIDATION_FILE, BEST_FILE}
+__all__ = ["CheckpointStore"]
 
 logger = logging.getLogger(__name__)
-
-
-def _is_own_name(name: str) -> bool:
-    """A file name bigembed writes in a checkpoint directory."""
-    return name in _OWN_NAMES or _VERSIONED.match(name) is not None
-
-
-def _is_own_temporary(name: str) -> bool:
-    m = _TMP_FILE.match(name)
-    return m is not None and _is_own_name(m.group("name"))
-
-
-def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of a ``.npy`` file from its header alone (nothing else is read)."""
-    try:
-        with open(path, "rb") as f:
-            major, _minor = np.lib.format.read_magic(f)
-            if major == 1:
-                shape, _order, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _order, dtype = np.lib.format.read_array_header_2_0(f)
-            size = os.fstat(f.fileno()).st_size
-            data_start = f.tell()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not a readable .npy file ({exc})") from None
-    need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-    if size - data_start < need:
-        raise CheckpointError(
-            f"{path}: truncated: its header promises shape {tuple(shape)} ({need:,} bytes) but "
-            f"the file holds {size - data_start:,} bytes of data"
-        )
-    return tuple(int(d) for d in shape), dtype
-
-
-def _write_error(path: Path, exc: OSError) -> CheckpointError:
-    why = exc.strerror or str(exc)
-    if exc.errno == errno.ENOSPC:
-        why += " (free some space; the last committed checkpoint is intact and training resumes "
-        why += "from it)"
-    return CheckpointError(f"{path}: cannot write: {why}")
 
 
 class CheckpointStore:
@@ -171,14 +108,7 @@ class CheckpointStore:
 
     def versions_found(self) -> list[int]:
         """Every version that has at least one file in the directory, ascending."""
-        if not self.path.is_dir():
-            return []
-        found = set()
-        for p in self.path.iterdir():
-            m = _VERSIONED.match(p.name)
-            if m:
-                found.add(int(m.group("version")))
-        return sorted(found)
+        return versions_in(self.path)
 
     def _complete(self, version: int) -> bool:
         return self.metadata_path(version).exists() and self.model_path(version).exists()
@@ -226,21 +156,15 @@ class CheckpointStore:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _write_error(self.path, exc) from None
+            raise write_error(self.path, exc) from None
         removed = self.discard_uncommitted()
         if removed:
             logger.info("removed %d files of an interrupted step in %s", removed, self.path)
         return self.committed_version()
 
     def files_of(self, version: int) -> list[Path]:
-        if not self.path.is_dir():
-            return []
-        out = []
-        for p in self.path.iterdir():
-            m = _VERSIONED.match(p.name)
-            if m and int(m.group("version")) == version:
-                out.append(p)
-        return out
+        """The files of ``version`` in the directory."""
+        return version_files(self.path, version)
 
     def discard_uncommitted(self) -> int:
         """Prepare the directory for training; returns how many leftover files were removed.
@@ -261,7 +185,7 @@ class CheckpointStore:
         newer = [
             p
             for p in self.path.iterdir()
-            if (m := _VERSIONED.match(p.name)) and int(m.group("version")) > committed
+            if (v := version_of(p.name)) is not None and v > committed
         ]
         if committed > 0 and newer and not self._complete(committed):
             raise CheckpointError(
@@ -270,14 +194,11 @@ class CheckpointStore:
                 f"newer versions: {self._recovery_hint()}"
             )
         if committed == 0 and newer:
-            ours = marker.exists() and all(
-                int(_VERSIONED.match(p.name).group("version")) == 1  # type: ignore[union-attr]
-                for p in newer
-            )
+            ours = marker.exists() and all(version_of(p.name) == 1 for p in newer)
             if not ours:
                 state = "missing" if not vfile.exists() else "holds no committed version"
                 raise self._unproven_files_error(state)
-        removed = self._remove_temporaries()
+        removed = remove_temporaries(self.path)
         for p in newer:
             if p.is_dir():
                 raise CheckpointError(f"{p}: a directory where bigembed keeps a checkpoint file")
@@ -289,34 +210,26 @@ class CheckpointStore:
             elif marker.exists():
                 marker.unlink()
         except OSError as exc:
-            raise _write_error(marker, exc) from None
+            raise write_error(marker, exc) from None
         return removed
 
-    def _remove_temporaries(self) -> int:
-        """Delete temporary files and snapshot directories of an interrupted write or preserve.
-
-        Only names bigembed creates are touched; a snapshot directory holding anything else is
-        refused rather than deleted.
-        """
-        removed = 0
-        for p in self.path.iterdir():
-            if _TMP_SNAPSHOT.match(p.name) and p.is_dir() and not p.is_symlink():
-                foreign = [
-                    c.name
-                    for c in p.iterdir()
-                    if not (_is_own_name(c.name) or _is_own_temporary(c.name))
-                ]
-                if foreign:
-                    raise CheckpointError(
-                        f"{p}: left by an interrupted snapshot but holds {foreign[0]!r}, which "
-                        "bigembed did not write; move it away"
-                    )
-                shutil.rmtree(p)
-                removed += 1
-            elif _is_own_temporary(p.name) and p.is_file():
-                p.unlink()
-                removed += 1
-        return removed
+    def commit(self, version: int, keep_versions: set[int] | None = None) -> None:
+        """Make ``version`` the committed one, then drop the files of older versions. Step 3
+        of the writer's protocol."""
+        previous = self.committed_version()
+        vfile = self.path / VERSION_FILE
+        try:
+            atomic_write_text(vfile, f"{version}\n")
+        except OSError as exc:
+            raise write_error(vfile, exc) from None
+        keep = keep_versions or set()
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / FRESH_MARKER).unlink()
+        if previous and previous not in keep and previous != version:
+            for p in self.files_of(previous):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        fsync_dir(self.path)
 
     # ------------------------------------------------------------------ partitions
     def embeddings_path(self, etype: str, part: int, version: int) -> Path:
@@ -325,39 +238,22 @@ class CheckpointStore:
     def optimizer_path(self, etype: str, part: int, version: int) -> Path:
         return self.path / f"optimizer_{partition_key_text(etype, part)}.v{version}.npy"
 
+    def _partition_paths(self, etype: str, part: int, version: int) -> tuple[Path, Path]:
+        return self.embeddings_path(etype, part, version), self.optimizer_path(etype, part, version)
+
     def has_partition(self, etype: str, part: int, version: int) -> bool:
         return self.embeddings_path(etype, part, version).exists()
 
     def save_partition(
         self, etype: str, part: int, version: int, emb: torch.Tensor, state: torch.Tensor
     ) -> None:
-        for target, tensor in (
-            (self.embeddings_path(etype, part, version), emb),
-            (self.optimizer_path(etype, part, version), state),
-        ):
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                with atomic_file(target) as tmp, open(tmp, "wb") as f:
-                    np.save(f, tensor.detach().numpy(), allow_pickle=False)
-            except OSError as exc:
-                raise _write_error(target, exc) from None
+        epath, spath = self._partition_paths(etype, part, version)
+        write_partition_files(self.path, epath, spath, emb, state)
 
     def check_partition(self, etype: str, part: int, version: int, count: int, dim: int) -> None:
         """Check a stored partition's file headers against ``(count, dim)`` before allocating."""
-        epath = self.embeddings_path(etype, part, version)
-        shape, _dtype = npy_header(epath)
-        if shape != (count, dim):
-            raise CheckpointError(
-                f"{epath}: shape {shape} does not match the entity count and dimension "
-                f"{(count, dim)} (was the graph re-imported or the dimension changed?)"
-            )
-        spath = self.optimizer_path(etype, part, version)
-        if spath.exists():
-            sshape, _ = npy_header(spath)
-            if sshape != (count,):
-                raise CheckpointError(
-                    f"{spath}: shape {sshape} does not match the entity count {count}"
-                )
+        epath, spath = self._partition_paths(etype, part, version)
+        check_partition_files(epath, spath, count, dim)
 
     def load_partition(
         self,
@@ -374,54 +270,13 @@ class CheckpointStore:
         ``require_state``: the optimizer file must be there (a committed checkpoint of this
         run); otherwise a missing one leaves the state at zero (a warm start).
         """
-        epath = self.embeddings_path(etype, part, version)
-        state_path = self.optimizer_path(etype, part, version)
-        if require_state and not state_path.exists():
-            raise CheckpointError(
-                f"{state_path}: missing from checkpoint version {version} (its optimizer state "
-                "would be lost); restore the file or train into a new checkpoint_path"
-            )
-        try:
-            emb = np.load(epath, mmap_mode="c", allow_pickle=False)
-            state = (
-                np.load(state_path, mmap_mode="c", allow_pickle=False)
-                if state_path.exists()
-                else None
-            )
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{epath}: cannot read partition: {exc}") from None
-        if tuple(emb.shape) != tuple(out_emb.shape):
-            raise CheckpointError(
-                f"{epath}: shape {tuple(emb.shape)} does not match the entity count and dimension "
-                f"{tuple(out_emb.shape)} (was the graph re-imported or the dimension changed?)"
-            )
-        if require_state and (state is None or state.shape != (out_emb.shape[0],)):
-            raise CheckpointError(
-                f"{state_path}: shape {None if state is None else state.shape} does not match "
-                f"the entity count {out_emb.shape[0]}"
-            )
-        out_emb.copy_(torch.from_numpy(emb))
-        if state is not None and state.shape == (out_emb.shape[0],):
-            out_state.copy_(torch.from_numpy(state))
-        else:
-            out_state.zero_()
+        epath, spath = self._partition_paths(etype, part, version)
+        read_partition_files(epath, spath, version, out_emb, out_state, require_state=require_state)
 
     def link_partition(self, etype: str, part: int, src_version: int, dst_version: int) -> None:
         """Carry an untouched partition into the new version without copying (hard link)."""
         for getter in (self.embeddings_path, self.optimizer_path):
-            src, dst = getter(etype, part, src_version), getter(etype, part, dst_version)
-            if src.exists() and not dst.exists():
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    tmp = dst.with_name(f".{dst.name}.tmp")
-                    try:
-                        shutil.copyfile(src, tmp)
-                        os.replace(tmp, dst)
-                    except OSError as exc:
-                        with contextlib.suppress(OSError):
-                            tmp.unlink()
-                        raise _write_error(dst, exc) from None
+            link_file(getter(etype, part, src_version), getter(etype, part, dst_version))
 
     # ------------------------------------------------------------------ model + metadata
     def model_path(self, version: int) -> Path:
@@ -437,7 +292,7 @@ class CheckpointStore:
         try:
             atomic_write_bytes(path, buf.getvalue())
         except OSError as exc:
-            raise _write_error(path, exc) from None
+            raise write_error(path, exc) from None
 
     def load_model(self, version: int, *, mmap: bool = False) -> dict[str, Any]:
         """The model payload; ``mmap`` maps the tensors instead of reading them."""
@@ -458,7 +313,7 @@ class CheckpointStore:
         try:
             atomic_write_text(path, json.dumps(metadata.to_json(), indent=1, sort_keys=True))
         except OSError as exc:
-            raise _write_error(path, exc) from None
+            raise write_error(path, exc) from None
 
     def read_metadata(self, version: int | None = None) -> CheckpointMetadata:
         """The validated metadata record of ``version`` (default: the committed one)."""
@@ -500,157 +355,42 @@ class CheckpointStore:
         self, max_version: int | None = None
     ) -> tuple[list[dict[str, Any]], list[int]]:
         """The readable records and the (1-based) numbers of the lines that are not."""
-        path = self.path / STATS_FILE
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return [], []
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        records, bad = [], []
-        for number, line in enumerate(raw.split(b"\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                rec = None
-            if not isinstance(rec, dict) or not isinstance(rec.get("version", 0), int):
-                bad.append(number)
-                continue
-            if max_version is None or rec.get("version", 0) <= max_version:
-                records.append(rec)
-        return records, bad
+        return read_stats_lines(self.path / STATS_FILE, max_version)
 
     def append_stats(self, records: list[dict[str, Any]], committed: int) -> None:
         """Rewrite the stats file atomically: committed lines plus ``records``."""
         kept = self.read_stats(max_version=committed)
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept + records)
-        path = self.path / STATS_FILE
-        try:
-            atomic_write_text(path, text)
-        except OSError as exc:
-            raise _write_error(path, exc) from None
+        write_lines(self.path / STATS_FILE, kept + records)
 
     def write_config(self, text: str) -> None:
         path = self.path / CONFIG_FILE
         try:
             atomic_write_text(path, text)
         except OSError as exc:
-            raise _write_error(path, exc) from None
+            raise write_error(path, exc) from None
 
-    # ------------------------------------------------------------------ commit
-    def commit(self, version: int, keep_versions: set[int] | None = None) -> None:
-        """Make ``version`` the committed one, then drop the files of older versions."""
-        previous = self.committed_version()
-        vfile = self.path / VERSION_FILE
-        try:
-            atomic_write_text(vfile, f"{version}\n")
-        except OSError as exc:
-            raise _write_error(vfile, exc) from None
-        keep = keep_versions or set()
-        with contextlib.suppress(FileNotFoundError):
-            (self.path / FRESH_MARKER).unlink()
-        if previous and previous not in keep and previous != version:
-            for p in self.files_of(previous):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-        fsync_dir(self.path)
-
+    # ------------------------------------------------------------------ snapshots
     def preserve(self, version: int, epoch: int) -> Path:
         """Keep a snapshot of ``version`` in ``epoch_{epoch}/`` (hard links, so no copy)."""
-        return self._snapshot(version, f"epoch_{epoch}", {})
+        return make_snapshot(self.path, version, f"epoch_{epoch}", {})
 
-    def _snapshot(self, version: int, name: str, extra: dict[str, str]) -> Path:
-        """``name/``: a checkpoint directory of its own holding ``version`` (hard links), the
-        config and stats, and the ``extra`` files; built aside and swapped in by renames."""
-        snap = self.path / name
-        tmp = self.path / f".{name}.tmp"
-        old = self.path / f".{name}.old.tmp"
-        try:
-            if tmp.exists() or old.exists():
-                self._remove_temporaries()
-            tmp.mkdir(parents=True)
-            for p in self.files_of(version):
-                os.link(p, tmp / p.name)
-            atomic_write_text(tmp / VERSION_FILE, f"{version}\n")
-            for own in (CONFIG_FILE, STATS_FILE):
-                if (self.path / own).exists():
-                    shutil.copyfile(self.path / own, tmp / own)
-            for extra_name, text in extra.items():
-                atomic_write_text(tmp / extra_name, text)
-            if snap.exists():
-                os.replace(snap, old)
-            os.replace(tmp, snap)
-            fsync_dir(self.path)
-            shutil.rmtree(old, ignore_errors=True)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise _write_error(snap, exc) from None
-        return snap
-
-    # ------------------------------------------------------------------ best version
     def read_best(self) -> dict[str, Any] | None:
         """``best/best.json`` when ``best/`` is bigembed's snapshot of a version, else None."""
-        path = self.path / BEST_DIR / BEST_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
-        ours = isinstance(data, dict) and data.get("written_by") == "bigembed"
-        if ours and isinstance(data.get("version"), int):
-            return data
-        return None
+        return read_best_record(self.path)
 
     def save_best(self, version: int, info: dict[str, Any]) -> Path:
         """Make ``version`` the kept best one (``best/``, hard links; ``info`` goes to
         ``best/best.json``). A ``best`` entry bigembed did not write is refused, not replaced."""
-        snap = self.path / BEST_DIR
-        if (snap.exists() or snap.is_symlink()) and (
-            snap.is_symlink() or not snap.is_dir() or self.read_best() is None
-        ):
-            raise CheckpointError(
-                f"{snap}: exists but is not bigembed's best-version snapshot (no {BEST_FILE}); "
-                "refusing to replace it: move it away"
-            )
-        record = {"written_by": "bigembed", **info, "version": version}
-        return self._snapshot(version, BEST_DIR, {BEST_FILE: json.dumps(record, indent=1)})
+        return snapshot_best(self.path, version, info)
 
     # ------------------------------------------------------------------ validation log
     def read_validation(self, max_version: int | None = None) -> list[dict[str, Any]]:
         """Early stopping's evaluation records (JSON lines), up to ``max_version``; a damaged
         line is skipped with a warning."""
-        path = self.path / VALIDATION_FILE
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        except (OSError, UnicodeDecodeError) as exc:
-            logger.warning("%s: unreadable (%s); ignoring it", path, exc)
-            return []
-        out = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                logger.warning("%s:%d: not JSON; line skipped", path, number)
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("version"), int):
-                logger.warning("%s:%d: no version; line skipped", path, number)
-                continue
-            if max_version is None or record["version"] <= max_version:
-                out.append(record)
-        return out
+        return read_validation_lines(self.path / VALIDATION_FILE, max_version)
 
     def append_validation(self, record: dict[str, Any]) -> None:
         """Add one evaluation record (the file is rewritten atomically, records of versions
         newer than ``record``'s dropped: they belong to an abandoned run)."""
         kept = self.read_validation(max_version=int(record["version"]) - 1)
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in [*kept, record])
-        path = self.path / VALIDATION_FILE
-        try:
-            atomic_write_text(path, text)
-        except OSError as exc:
-            raise _write_error(path, exc) from None
+        write_lines(self.path / VALIDATION_FILE, [*kept, record])

@@ -29,7 +29,7 @@ def column(value: str) -> int | str:
 
 
 def optional_column(value: str) -> int | str | None:
-    """:func:`column`, or ``None`` for ``none`` / ``-`` (and ``-1``, eval's former spelling)."""
+    """:func:`column`, or ``None`` for ``none`` / ``-`` (and ``-1``, which means the same)."""
     if value.strip().lower() in (*NONE_WORDS, "-1"):
         return None
     return column(value)

@@ -41,7 +41,7 @@ GRACE_S = 5.0
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now: the rendezvous of a launch without
     ``distributed_init_method``. Here, not in the store module, so that the launcher, which only
-    starts and watches processes, does not import torch (1.8 s of CPU per launch)."""
+    starts and watches processes, does not import torch (a heavy import for each launch)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

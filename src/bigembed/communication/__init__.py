@@ -11,32 +11,7 @@ is the transport. :mod:`bigembed.communication.row_delta` is the encoding of com
 partition transfers (``communication.partition_precision``).
 """
 
-from bigembed.communication.codecs import (
-    INT8_CHUNK,
-    PRECISIONS,
-    Codec,
-    Encoded,
-    ErrorFeedback,
-    NonFiniteError,
-    get_codec,
-    wire_bytes,
-)
-from bigembed.communication.row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
-from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
+import lazy_loader
 
-__all__ = [
-    "INT8_CHUNK",
-    "PRECISIONS",
-    "TRANSFER_DTYPE",
-    "Codec",
-    "Encoded",
-    "ErrorFeedback",
-    "NonFiniteError",
-    "RowDelta",
-    "SharedTensors",
-    "StrategyEnv",
-    "get_codec",
-    "make_strategy",
-    "to_transfer",
-    "wire_bytes",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -172,7 +172,7 @@ class LockstepRounds:
                         self._agree_asked = False
                     self._cond.notify_all()
                 # Only now open the gate: a worker let through sees this round as completed
-                # (opening it first let a worker read the previous round's batch count).
+                # (were it opened first, a worker could read the previous round's batch count).
                 if self.gated:
                     self.gate.allow(batches + self.sync_every)
                 if int(total[_FLAG_STOP]) == self.world:

@@ -1,56 +1,18 @@
-"""The job config: schema, loading (YAML/TOML/JSON/PBG Python), value types, PBG's key table."""
+"""The job config: schema, loading (YAML/TOML/JSON/PBG Python), value types, PBG's key table.
 
-from bigembed.config.loading import apply_overrides, normalize_keys, read_config_file
-from bigembed.config.schema import (
-    BIGEMBED_ONLY_KEYS,
-    IGNORED_KEYS,
-    PBG_DIFFERENCES,
-    ConfigSchema,
-    EarlyStoppingSchema,
-    EntitySchema,
-    RelationSchema,
-    TuneParamSchema,
-    TuneSchema,
-    add_config_arguments,
-    config_from_args,
-    config_keys,
-    config_to_dict,
-    config_warnings,
-    format_config_keys,
-    load_config,
-    model_spec,
-    parse_config_dict,
-    pbg_status,
-    relation_list,
-)
-from bigembed.config.types import PRECISION_NAMES, STRATEGY_NAMES, Bytes, OneOf
+* :mod:`~bigembed.config.schema`: :class:`ConfigSchema`, the whole config;
+  :mod:`~bigembed.config.sections` its nested sections; :mod:`~bigembed.config.types` the value
+  types; :mod:`~bigembed.config.checks` the cross-field checks and warnings;
+* :mod:`~bigembed.config.loading`: file to validated config (:mod:`~bigembed.config.files`,
+  :mod:`~bigembed.config.keys`, :mod:`~bigembed.config.overrides`,
+  :mod:`~bigembed.config.validation_errors`); :mod:`~bigembed.config.cli_args` the command-line
+  arguments;
+* :mod:`~bigembed.config.pbg_keys`: how keys compare with PBG's;
+  :mod:`~bigembed.config.key_listing` the ``bigembed config keys`` table;
+* :mod:`~bigembed.config.to_model`: the model's part of the config.
+"""
 
-__all__ = [
-    "BIGEMBED_ONLY_KEYS",
-    "IGNORED_KEYS",
-    "PBG_DIFFERENCES",
-    "PRECISION_NAMES",
-    "STRATEGY_NAMES",
-    "Bytes",
-    "ConfigSchema",
-    "EarlyStoppingSchema",
-    "EntitySchema",
-    "OneOf",
-    "RelationSchema",
-    "TuneParamSchema",
-    "TuneSchema",
-    "add_config_arguments",
-    "apply_overrides",
-    "config_from_args",
-    "config_keys",
-    "config_to_dict",
-    "config_warnings",
-    "format_config_keys",
-    "load_config",
-    "model_spec",
-    "normalize_keys",
-    "parse_config_dict",
-    "pbg_status",
-    "read_config_file",
-    "relation_list",
-]
+import lazy_loader
+
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

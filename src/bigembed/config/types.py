@@ -173,6 +173,17 @@ STRATEGY_NAMES: tuple[str, ...] = ("async_ps", "allreduce", "async_model_average
 #: ``communication.partition_precision``: how partitions travel to and from partition servers.
 PARTITION_PRECISION_NAMES: tuple[str, ...] = ("fp32", "compressed")
 
+#: ``train_type`` values (lower case; matched case-insensitively, ``1vsAll`` as LibKGE writes it).
+TRAIN_TYPES: tuple[str, ...] = ("negative_sampling", "1vsall", "kvsall")
+#: The ``train_type`` values that score every entity of a type (all_negs on every relation).
+ALL_ENTITY_TRAIN_TYPES = ("1vsall", "kvsall")
+#: How the docs (and LibKGE) write each ``train_type``.
+TRAIN_TYPE_NAMES = {
+    "negative_sampling": "negative_sampling",
+    "1vsall": "1vsAll",
+    "kvsall": "KvsAll",
+}
+
 BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in", "buffer"]
 
 #: Config value types named after what they hold (``OperatorName``: a name of an operator of

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+__all__ = ["DATASETS", "fb15k237_demo_config", "fb15k237_files"]
+
 DATASETS = Path(__file__).resolve().parent
 
 

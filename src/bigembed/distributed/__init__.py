@@ -1,11 +1,6 @@
 """Training on many machines: launcher, ranks, lock / partition / rendezvous servers."""
 
-from bigembed.distributed.auth import add_security_arguments, apply_security_arguments
-from bigembed.distributed.rank_main import serve_partitions, train_distributed
+import lazy_loader
 
-__all__ = [
-    "add_security_arguments",
-    "apply_security_arguments",
-    "serve_partitions",
-    "train_distributed",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,6 +1,6 @@
 """``bigembed eval``: filtered link-prediction reports of a checkpoint, full or sampled."""
 
-from bigembed.eval.edge_input import EdgeLoader, FileOptions
-from bigembed.eval.report import evaluate_checkpoint
+import lazy_loader
 
-__all__ = ["EdgeLoader", "FileOptions", "evaluate_checkpoint"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

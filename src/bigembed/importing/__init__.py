@@ -1,5 +1,6 @@
 """``bigembed import``: edge lists -> an entity store and bucketed edge stores (see storage)."""
 
-from bigembed.importing.importer import ImportOptions, run_import
+import lazy_loader
 
-__all__ = ["ImportOptions", "run_import"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

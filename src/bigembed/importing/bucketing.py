@@ -1,4 +1,4 @@
-"""Pass 3 of the import: turn the spilled runs of one input into the buckets of its edge path.
+"""Pass 2 of the import: turn the spilled runs of one input into the buckets of its edge path.
 
 Each run is loaded whole (its size is bounded; an oversized run is first split at random
 into smaller ones), its codes are mapped to (partition, offset) with numpy takes, the run is

@@ -1,5 +1,5 @@
 """Pass 1 of the import: read every input once, build the entity and relation dictionaries,
-and spill each edge as small integer codes into random runs (see :mod:`runs`).
+and spill each edge as small integer codes into random runs (see :mod:`~bigembed.importing.runs`).
 
 Per record batch (cheap, no dictionary needed): validate, map relations, group the names of
 each entity type by shard. Every ``flush`` (a bounded number of buffered edges): encode all

@@ -6,7 +6,7 @@ dictionary comes first and has no duplicates, so its entries keep their codes an
 are appended. Codes are therefore stable for the whole import.
 
 Hash-table lookups of random names cost a cache miss each once the table outgrows the CPU
-cache (measured here: ~35 ns/name at 30k entries, ~260 ns at 2M). :class:`ShardedDictionary`
+cache, and get several times slower per name. :class:`ShardedDictionary`
 splits names into 256 shards by a cheap vectorised key computed from a few bytes of each
 name, so that every table stays small; an entity's code is (shard, index in shard).
 """

@@ -1,9 +1,10 @@
 """``bigembed import``: edge lists (TSV/CSV/Parquet) -> entity store + bucketed edge stores.
 
-Pass 1 (:mod:`collect`) reads each input once and spills integer codes; then relations and
-entities are finalised (min-counts, seeded partition assignment, entity files); pass 3
-(:mod:`bucketing`) turns each input's spill into its shuffled buckets. Everything is built in
-temporary places and published together (:mod:`publish`).
+Pass 1 (:mod:`~bigembed.importing.collect`) reads each input once and spills integer codes;
+then relations and entities are finalised (min-counts, seeded partition assignment, entity
+files); pass 2 (:mod:`~bigembed.importing.bucketing`) turns each input's spill into its shuffled
+buckets. Everything is built in temporary places and published together
+(:mod:`~bigembed.importing.publish`). docs/FORMAT.md describes the passes and the files.
 """
 
 from __future__ import annotations

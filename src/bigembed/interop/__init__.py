@@ -1,5 +1,6 @@
 """Moving checkpoints between bigembed and other systems (PyTorch-BigGraph)."""
 
-from bigembed.interop.pbg import from_pbg, to_pbg
+import lazy_loader
 
-__all__ = ["from_pbg", "to_pbg"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

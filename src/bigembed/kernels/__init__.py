@@ -1,8 +1,6 @@
 """How one batch is computed: the eager step, row Adagrad, whole-table updates, native kernels."""
 
-from bigembed.kernels.native.eval import NativeEval
-from bigembed.kernels.native.step import NativeStep
-from bigembed.kernels.optimizers import row_adagrad_update
-from bigembed.kernels.step import BatchTrainer, StepStats, Table
+import lazy_loader
 
-__all__ = ["BatchTrainer", "NativeEval", "NativeStep", "StepStats", "Table", "row_adagrad_update"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,42 +1,10 @@
-"""What a score is: operators, comparators, losses, negatives, the scoring model."""
+"""What a score is: operators, comparators, losses, negatives, the scoring model.
 
-from bigembed.model.comparators import Comparator, CosComparator, DotComparator
-from bigembed.model.names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
-from bigembed.model.negatives import MASKED, batch_negative_unmasked
-from bigembed.model.operators import DiagonalOperator, IdentityOperator, TranslationOperator
-from bigembed.model.pbg_names import from_pbg, pbg_param_name, to_pbg
-from bigembed.model.scoring import (
-    BatchScores,
-    Corruption,
-    NegativeSettings,
-    QueryBatch,
-    ScoringModel,
-    SideEmbeddings,
-)
-from bigembed.model.spec import ModelSpec, RelationSpec
+The names and :class:`ModelSpec` import no torch, so that reading a config stays light; the
+torch-bound names are imported on first use (PEP 562).
+"""
 
-__all__ = [
-    "COMPARATOR_NAMES",
-    "COMPUTE_DTYPES",
-    "LOSS_NAMES",
-    "MASKED",
-    "OPERATOR_NAMES",
-    "BatchScores",
-    "Comparator",
-    "Corruption",
-    "CosComparator",
-    "DiagonalOperator",
-    "DotComparator",
-    "IdentityOperator",
-    "ModelSpec",
-    "NegativeSettings",
-    "QueryBatch",
-    "RelationSpec",
-    "ScoringModel",
-    "SideEmbeddings",
-    "TranslationOperator",
-    "batch_negative_unmasked",
-    "from_pbg",
-    "pbg_param_name",
-    "to_pbg",
-]
+import lazy_loader
+
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

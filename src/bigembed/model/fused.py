@@ -2,9 +2,9 @@
 
 The unfused path materialises the ``(B, N)`` score matrix of a batch against its uniform
 negatives and then walks it about ten times (dtype conversion, max, subtract, exp, sum, divide,
-gradient scaling, conversion back, violator count). At B = N = 1000 that matrix is 4 MB, larger
-than a core's L2 cache, so every walk goes to memory; on a 2-core machine those walks cost more
-than the matrix products themselves in bf16.
+gradient scaling, conversion back, violator count). At B = N = 1000 that matrix is larger than a
+core's L2 cache, so every walk goes to memory, and the walks can cost more than the matrix
+products themselves in bf16.
 
 Here the scores of ``TILE_ROWS`` anchors at a time (more when rows are narrow) are produced,
 turned into the loss's gradient (softmax probabilities, ranking indicators) while they are
@@ -15,9 +15,8 @@ same pass. The math is the unfused loss of :mod:`bigembed.model.losses` applied 
 ``[pos | batch negatives | anchors x shared negatives]``; tests check the two agree.
 
 Ranking and logistic losses take the same path: their per-score gradient is as cheap as their
-loss (an indicator, a sigmoid), and on small-dimension graphs (d=100, 50 + 50 negatives) the
-unfused path's score blocks, masks, autograd nodes and violator counts cost several times the
-products themselves.
+loss (an indicator, a sigmoid), and at small dimensions the unfused path's score blocks, masks,
+autograd nodes and violator counts cost more than the products themselves.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from torch import Tensor
 
 from bigembed.model.negatives import MASKED, batch_negative_mask, pad_rows
 
-# Rows of a tile: 256 keeps the bf16 product at the matmul peak (414 GFLOP/s on one core, 381 at
-# 128); whole steps measured within 1% of each other from 128 to 512 rows.
+# Rows of a tile: 256 keeps the bf16 product near the matmul peak; whole steps do not depend on
+# it between 128 and 512 rows.
 TILE_ROWS = 256
 # A tile holds at most this many scores (256 x 1051, 1 MB of fp32: the width of 1000 uniform +
 # 50 batch negatives): narrower rows (few negatives) take more rows per tile, so a batch with
@@ -118,7 +117,7 @@ class _FusedLoss(torch.autograd.Function):
                     x[:, 1 : 1 + k] = batch_scores[r0:r1]
                 x[:, 1 + k :] = a[r0:r1] @ u[g].t()
                 # #(negatives > positive): sign(max(0, x - pos)) summed; the positive's own
-                # column adds 0. Twice as fast as count_nonzero(x > pos) (bool output is slow).
+                # column adds 0. Faster than count_nonzero(x > pos), whose bool output is slow.
                 violators += torch.sub(x, x[:, :1]).clamp_(min=0).sign_().sum()
                 loss_rows, g_pos, g_negs = _tile_loss(x, kind, margin, k + num_negs)
                 if weight is not None:

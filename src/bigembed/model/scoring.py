@@ -13,114 +13,44 @@ transforms the rhs side, and both sides are corrupted: lhs negatives are compare
 Dynamic mode: one lhs and one rhs operator set, one parameter row per relation type; each edge is
 scored twice, ``c(lhs, op_rhs[r](rhs))`` against corrupted lhs and ``c(rhs, op_lhs[r](lhs))``
 against corrupted rhs, so negatives never pass through a per-edge operator.
+
+What a batch carries in and out is :mod:`bigembed.model.batch`; each corrupted side is scored by
+one of the paths of :mod:`bigembed.model.side_scoring` (score blocks, the fused sampled loss or
+the all-entity softmax), chosen in :meth:`ScoringModel.forward`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from bigembed.model.all_entities import all_entity_softmax_loss
+from bigembed.model.batch import (
+    BatchScores,
+    Corruption,
+    NegativeSettings,
+    QueryBatch,
+    SideEmbeddings,
+)
 from bigembed.model.comparators import (
     Comparator,
     CosComparator,
     DotComparator,
     make_comparator,
 )
-from bigembed.model.fused import LOSS_KINDS, fused_sampled_loss
+from bigembed.model.fused import LOSS_KINDS
 from bigembed.model.losses import make_loss
 from bigembed.model.names import COMPUTE_DTYPES
-from bigembed.model.negatives import (
-    batch_negative_scores,
-    mask_positives,
-    shared_negative_scores,
-)
 from bigembed.model.operators import IdentityOperator, Operator, ParamDropout, make_operator
+from bigembed.model.side_scoring import (
+    all_entities_side_loss,
+    fused_side_loss,
+    negative_score_blocks,
+)
 from bigembed.model.spec import ModelSpec, RelationSpec
-
-
-@dataclass
-class NegativeSettings:
-    """How a batch is corrupted (the trainer and the evaluator use different counts)."""
-
-    num_batch_negs: int
-    num_uniform_negs: int
-    uniform_group: int  # positives sharing one draw of uniform negatives
-    disable_lhs: bool = False
-    disable_rhs: bool = False
-
-    def uniform_groups(self, batch: int) -> int:
-        return -(-batch // self.uniform_group) if self.num_uniform_negs > 0 else 0
-
-
-@dataclass
-class SideEmbeddings:
-    """The gathered rows of one side of a batch."""
-
-    pos: Tensor  # (B, D) embeddings of the batch's entities on this side
-    pos_idx: Tensor  # (B,) their offsets in the partition (for all-negatives masking)
-    uniform: Tensor | None = None  # (groups, U, D) uniformly drawn negatives
-    all: Tensor | None = None  # (N, D) the whole partition, when all_negs
-
-
-class Corruption(NamedTuple):
-    """One corrupted side of a batch, ready to score: the positives' scores, the corrupted
-    side's rows (the batch negatives), its uniform negatives ``(groups, U, D)`` or whole
-    partition, the positives' offsets, the anchors the negatives are compared with, and
-    whether the side is corrupted at all."""
-
-    pos: Tensor
-    src: Tensor
-    uniform: Tensor | None
-    whole: Tensor | None
-    idx: Tensor
-    anchors: Tensor
-    enabled: bool
-
-
-@dataclass
-class BatchScores:
-    """Positive and negative scores of both directions, plus the loss terms."""
-
-    loss: Tensor
-    reg: Tensor
-    lhs_pos: Tensor
-    lhs_neg: list[Tensor]  # blocks of (B, N_k) negative scores
-    rhs_pos: Tensor
-    rhs_neg: list[Tensor]
-    # Set when the fused loss ran (no score blocks then): negatives above their positive.
-    fused_violators: tuple[int, int] | None = None
-
-    def violators(self) -> tuple[int, int]:
-        """Negatives scoring above their positive, per corrupted side (lhs, rhs)."""
-        if self.fused_violators is not None:
-            return self.fused_violators
-
-        def count(pos: Tensor, blocks: list[Tensor]) -> int:
-            p = pos.detach().unsqueeze(1)
-            return sum(int(torch.count_nonzero(b.detach() > p)) for b in blocks)
-
-        return count(self.lhs_pos, self.lhs_neg), count(self.rhs_pos, self.rhs_neg)
-
-
-@dataclass
-class QueryBatch:
-    """A batch of grouped queries of one side (``train_type: KvsAll``): the edges of the batch
-    and their distinct queries ``(given entity, relation)``."""
-
-    side: str  # the predicted (corrupted) side: "rhs" for tail queries, "lhs" for head queries
-    given: Tensor  # (Q, D) rows of the distinct queries' given entities
-    query_rel: Tensor  # (Q,) relation of each distinct query
-    whole: Tensor  # (N, D) every row of the predicted side's partition: the candidates
-    targets: Tensor  # (B, D) rows of each edge's true entity (for the N3 terms)
-    target_idx: Tensor  # (B,) offset of each edge's true entity in the partition
-    query_of_edge: Tensor  # (B,) the distinct query (row of ``given``) of each edge
-    rel: Tensor  # (B,) relation of each edge
-    weight: Tensor | None  # (B,) edge weights
 
 
 def _inverted_dropout(x: Tensor, p: float, generator: torch.Generator | None) -> Tensor:
@@ -215,88 +145,15 @@ class ScoringModel(nn.Module):
         return _operator(self.lhs_operators, 0) if self.dynamic else IdentityOperator(0)
 
     # ------------------------------------------------------------------ scoring
-    def _direction(
-        self,
-        src_pos: Tensor,
-        src_uniform: Tensor | None,
-        src_all: Tensor | None,
-        src_idx: Tensor,
-        anchors: Tensor,
-        negs: NegativeSettings,
-        enabled: bool,
-        all_negs: bool,
-    ) -> list[Tensor]:
-        """Negative score blocks ``(B, N_k)`` for corrupting ``src`` against the anchors."""
-        batch = anchors.shape[0]
-        if not enabled:
-            return []
-        cmp, dtype = self.comparator, self.compute_dtype
-        if all_negs:
-            assert src_all is not None
-            scores = shared_negative_scores(cmp, anchors, src_all.unsqueeze(0), batch, dtype)
-            return [mask_positives(scores, src_idx)]
-        parts = []
-        if negs.num_batch_negs > 0:
-            parts.append(batch_negative_scores(cmp, anchors, src_pos, negs.num_batch_negs, dtype))
-        if src_uniform is not None and src_uniform.shape[1] > 0:
-            parts.append(
-                shared_negative_scores(cmp, anchors, src_uniform, negs.uniform_group, dtype)
-            )
-        return parts
-
     def negative_blocks(
         self, side: Corruption, negs: NegativeSettings, all_negs: bool
     ) -> list[Tensor]:
         """The negative score blocks of one corrupted side, as :meth:`forward` builds them."""
-        return self._direction(
-            side.src, side.uniform, side.whole, side.idx, side.anchors, negs, side.enabled, all_negs
-        )
+        return negative_score_blocks(self.comparator, self.compute_dtype, side, negs, all_negs)
 
     def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
-        """Whether :func:`fused_sampled_loss` computes this loss (over dot products)."""
+        """Whether the fused sampled loss computes this loss (over dot products)."""
         return self.fusable_loss and not all_negs and negs.num_uniform_negs > 0
-
-    def _fused_direction(
-        self,
-        pos: Tensor,
-        src_pos: Tensor,
-        src_uniform: Tensor | None,
-        anchors: Tensor,
-        negs: NegativeSettings,
-        enabled: bool,
-        weight: Tensor | None,
-    ) -> tuple[Tensor, int]:
-        """Loss and violators of corrupting ``src`` against the anchors, without score blocks."""
-        if not enabled:
-            return pos.new_zeros(()), 0
-        assert src_uniform is not None  # _fusable: num_uniform_negs > 0
-        return fused_sampled_loss(
-            pos,
-            anchors,
-            src_uniform,
-            negs.uniform_group,
-            weight,
-            self.compute_dtype,
-            src_pos if negs.num_batch_negs > 0 else None,
-            negs.num_batch_negs,
-            self.spec.loss,
-            float(self.spec.margin),
-        )
-
-    def _all_entities_direction(
-        self,
-        whole: Tensor | None,
-        idx: Tensor,
-        anchors: Tensor,
-        enabled: bool,
-        weight: Tensor | None,
-    ) -> tuple[Tensor, int]:
-        """Loss and violators of corrupting a side with every entity of its partition (the
-        tiled 1-vs-all softmax of :mod:`bigembed.model.all_entities`)."""
-        if not enabled:
-            return anchors.new_zeros(()), 0
-        assert whole is not None  # gather_side gathers the whole partition with all_negs
-        return all_entity_softmax_loss(anchors, whole, idx, weight, self.compute_dtype)
 
     def _anchor(
         self, op: Operator, x: Tensor, rel: Tensor, generator: torch.Generator | None
@@ -438,18 +295,16 @@ class ScoringModel(nn.Module):
         lhs_pos, rhs_pos = sides[0].pos, sides[1].pos
 
         if fused or fused_all:
+            dtype, kind, margin = self.compute_dtype, self.spec.loss, float(self.spec.margin)
             (loss_l, viol_l), (loss_r, viol_r) = (
-                self._all_entities_direction(all_, idx, anchors, on, weight)
+                all_entities_side_loss(side, weight, dtype)
                 if fused_all
-                else self._fused_direction(pos, src, uni, anchors, negs, on, weight)
-                for pos, src, uni, all_, idx, anchors, on in sides
+                else fused_side_loss(side, negs, weight, dtype, kind, margin)
+                for side in sides
             )
             loss = (loss_l + loss_r) * float(rspec.weight)
             return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], (viol_l, viol_r))
-        lhs_neg, rhs_neg = (
-            self._direction(src, uni, all_, idx, anchors, negs, on, all_negs)
-            for _pos, src, uni, all_, idx, anchors, on in sides
-        )
+        lhs_neg, rhs_neg = (self.negative_blocks(side, negs, all_negs) for side in sides)
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
         loss = loss * float(rspec.weight)
         return BatchScores(loss, reg, lhs_pos, lhs_neg, rhs_pos, rhs_neg)

@@ -9,7 +9,8 @@ How it stays fast and bounded:
 
 * edges are sorted by their *anchor* (what the candidates are compared with: e.g. the
   transformed tail and relation when heads are ranked), and edges sharing an anchor share one
-  row of scores: on FB15k-237 test that removes ~45% of the matrix products;
+  row of scores (many-to-one relations give many edges per anchor, so this removes a large
+  share of the matrix products);
 * the loop runs partition by partition and block by block of candidates (each prepared once:
   global embedding, operator, normalisation), then over chunks of anchors, so one score matrix
   is at most ``max_scores`` floats and each partition is read once per pass;
@@ -379,8 +380,8 @@ def _scorer(cmp: Comparator) -> Callable[[np.ndarray, np.ndarray, np.ndarray], n
     """``score(anchors (M, D), candidates (N, D), out (M, N))`` -> the comparator's scores.
 
     Dot products (``dot``, and ``cos`` whose normalisation happened in ``prepare``) go
-    straight to numpy's BLAS, which on the AMD CPUs we measured runs this shape ~40% faster
-    than torch's; other comparators use their own batched formula.
+    straight to numpy's BLAS, which runs this shape faster than torch's matmul; other
+    comparators use their own batched formula.
     """
     if isinstance(cmp, DotComparator):
         return lambda a, c, out: np.matmul(a, c.T, out=out)

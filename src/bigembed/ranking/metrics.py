@@ -29,7 +29,7 @@ def _blocks_counts(
     as float64 whole numbers.
 
     Each comparison is written into a float buffer (one, reused by every block) and summed as
-    floats: several times faster than summing a bool tensor (which converts it to int64
+    floats: faster than summing a bool tensor (which converts it to int64
     first), and exact (float32 sums whole numbers exactly below 2**24; wider rows use float64).
     """
     p = pos.unsqueeze(1)

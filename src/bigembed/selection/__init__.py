@@ -10,7 +10,7 @@ This package sits above ``train`` and ``eval`` (which may not import each other)
 them.
 """
 
-from bigembed.selection.early_stopping import EarlyStopping, Evaluation, train_model
-from bigembed.selection.tuning import Tuner
+import lazy_loader
 
-__all__ = ["EarlyStopping", "Evaluation", "Tuner", "train_model"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,5 +1,6 @@
 """A trained model answering queries: ``bigembed.load``, predict, similar, nearest neighbours."""
 
-from bigembed.serving.query import example_predictions, load
+import lazy_loader
 
-__all__ = ["example_predictions", "load"]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

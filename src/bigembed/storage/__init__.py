@@ -8,52 +8,7 @@ This ``__init__`` is the package's public API: other packages import these names
 :func:`write_edge_manifest`, and the file names and dtypes of the format (see docs/FORMAT.md).
 """
 
-from bigembed.storage.edges import (
-    EdgeChunk,
-    EdgeStore,
-    check_edges_import,
-    check_edges_relations,
-    chunk_range,
-    write_edge_manifest,
-)
-from bigembed.storage.entities import EntityStore, EntityTypeInfo, write_entity_store
-from bigembed.storage.format import (
-    DYNAMIC_REL_COUNT,
-    DYNAMIC_REL_NAMES,
-    EDGE_FORMAT,
-    ENTITY_FORMAT,
-    FORMAT_VERSION,
-    MANIFEST,
-    PUBLISHING_KEY,
-    bucket_dir,
-    entity_count_file,
-    entity_names_file,
-    has_manifest,
-    index_dtype,
-    read_manifest,
-)
+import lazy_loader
 
-__all__ = [
-    "DYNAMIC_REL_COUNT",
-    "DYNAMIC_REL_NAMES",
-    "EDGE_FORMAT",
-    "ENTITY_FORMAT",
-    "FORMAT_VERSION",
-    "MANIFEST",
-    "PUBLISHING_KEY",
-    "EdgeChunk",
-    "EdgeStore",
-    "EntityStore",
-    "EntityTypeInfo",
-    "bucket_dir",
-    "check_edges_import",
-    "check_edges_relations",
-    "chunk_range",
-    "entity_count_file",
-    "entity_names_file",
-    "has_manifest",
-    "index_dtype",
-    "read_manifest",
-    "write_edge_manifest",
-    "write_entity_store",
-]
+# What other packages may use: listed in __init__.pyi, imported on first use.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -26,47 +26,24 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import overload
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from bigembed.checkpoints import DEFAULT_CACHE_BYTES, EntityTables, TrainedModel, open_for_inference
+from bigembed.checkpoints import EntityTables, TrainedModel
 from bigembed.errors import InputError
 from bigembed.ranking import KnownEdges, direction, pair_scores
-from bigembed.serving.nearest import RunningTopK, faiss_available, faiss_topk
+from bigembed.serving.errors import QueryError, UnknownNameError, check_k, check_name
+from bigembed.serving.ids import ids_to_names, names_to_ids
+from bigembed.serving.nearest import faiss_available
+from bigembed.serving.search import exact_top_k, faiss_top_k, similarity
 from bigembed.storage import EntityStore
 
 logger = logging.getLogger(__name__)
 
 METRICS = ("cos", "dot", "l2")
-MAX_SCORES = 1 << 24  # floats in one block of scores
-
-
-class UnknownNameError(InputError, KeyError):
-    """An entity or relation name the model does not know (a KeyError too, for API users)."""
-
-    __str__ = Exception.__str__  # KeyError would quote the message
-
-
-class QueryError(InputError, ValueError):
-    """A query argument of the wrong kind: ``k``, ``side``, ``metric``, a name that is not a
-    string (a ValueError too, for API users)."""
-
-
-def check_k(k: object) -> int:
-    """``k`` as an int, or :class:`QueryError` unless it is a positive integer."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise QueryError(f"k must be a positive integer, got {k!r}")
-    return int(k)
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise QueryError(f"entity names are strings, got {name!r} ({type(name).__name__})")
-    return name
 
 
 @dataclass(frozen=True)
@@ -76,25 +53,6 @@ class Prediction:
     name: str
     score: float
     type: str
-
-
-def load(
-    checkpoint_dir: str | os.PathLike[str],
-    entity_path: str | os.PathLike[str] | None = None,
-    *,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
-) -> EmbeddingModel:
-    """Open the last checkpoint in ``checkpoint_dir`` for queries.
-
-    ``entity_path`` (the names) defaults to the one in the checkpoint's config. Embeddings are
-    read lazily, one partition at a time, and kept within ``cache_bytes``.
-
-    >>> model = bigembed.load("work/fb15k237/model")
-    >>> model.entity_types
-    ['all']
-    """
-    opened = open_for_inference(checkpoint_dir, entity_path, cache_bytes=cache_bytes)
-    return EmbeddingModel(opened.trained, opened.entities, opened.tables)
 
 
 class EmbeddingModel:
@@ -279,7 +237,9 @@ class EmbeddingModel:
                     own_rows = np.concatenate([exclude[0], own_rows])
                     own_ids = np.concatenate([exclude[1], own_ids])
                 exclude = (own_rows, own_ids)
-            top = self._search(anchors, d.target_type, k, d.candidates, self._pairwise, exclude)
+            top = exact_top_k(
+                self.tables, anchors, d.target_type, k, d.candidates, self._pairwise, exclude
+            )
             for row, best in zip(rows, top, strict=True):
                 results[row] = self._predictions(d.target_type, best)
         return results[0] if single else results
@@ -311,7 +271,7 @@ class EmbeddingModel:
         if metric not in METRICS:
             raise QueryError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
         k = check_k(k)
-        etype = self._type_of(_check_name(name), type)
+        etype = self._type_of(check_name(name), type)
 
         def prep(x: Tensor) -> Tensor:
             x = self.tables.adjusted(etype, x)
@@ -325,68 +285,31 @@ class EmbeddingModel:
         want = k if include_self else k + 1  # one more, then drop the query entity
         if use_faiss:
             kind = "l2" if metric == "l2" else "dot"
-            best = self._search_faiss(query, etype, want, prep, kind)[0]
+            best = faiss_top_k(self.tables, query, etype, want, prep, kind)[0]
         else:
-            best = self._search(query, etype, want, prep, _similarity(metric), None)[0]
+            best = exact_top_k(self.tables, query, etype, want, prep, similarity(metric), None)[0]
         if not include_self:
             best = [(i, s) for i, s in best if i != int(ids[0])][:k]
         return self._predictions(etype, best)
 
     # ------------------------------------------------------------------ search helpers
-    def _blocks(self, etype: str, queries: int):
-        """(global first id, stored rows) of candidate blocks small enough for the budget."""
-        bases = self.tables.bases(etype)
-        block = max(1, MAX_SCORES // max(1, queries))
-        for part in range(len(bases) - 1):
-            lo, hi = int(bases[part]), int(bases[part + 1])
-            if hi == lo:
-                continue
-            table = self.tables.table(etype, part)
-            for b0 in range(0, hi - lo, block):
-                yield lo + b0, table[b0 : b0 + block]
-
-    def _search(
-        self,
-        anchors: Tensor,
-        etype: str,
-        k: int,
-        prepare,
-        score_fn,
-        exclude: tuple[np.ndarray, np.ndarray] | None,
-    ) -> list[list[tuple[int, float]]]:
-        top = RunningTopK(anchors.shape[0], k)
-        for g0, rows in self._blocks(etype, anchors.shape[0]):
-            scores = score_fn(anchors, prepare(rows)).float()
-            g1 = g0 + rows.shape[0]
-            if exclude is not None:
-                qrow, col = exclude
-                m = (col >= g0) & (col < g1)
-                if m.any():
-                    scores[torch.from_numpy(qrow[m]), torch.from_numpy(col[m] - g0)] = float("-inf")
-            top.push(scores, torch.arange(g0, g1))
-        return top.result()
-
-    def _search_faiss(
-        self, query: Tensor, etype: str, k: int, prepare, kind: str
-    ) -> list[list[tuple[int, float]]]:
-        top = RunningTopK(query.shape[0], k)
-        for g0, rows in self._blocks(etype, query.shape[0]):
-            scores, offsets = faiss_topk(query.numpy(), prepare(rows).numpy(), k, kind)
-            top.push(torch.from_numpy(scores), torch.from_numpy(offsets + g0))
-        return top.result()
-
     def _pairwise(self, anchors: Tensor, candidates: Tensor) -> Tensor:
         """The comparator's (anchors x candidates) score matrix."""
         return self.model.comparator.neg(anchors.unsqueeze(0), candidates.unsqueeze(0))[0]
 
     def _predictions(self, etype: str, best: list[tuple[int, float]]) -> list[Prediction]:
-        names = self._names_of(etype, np.array([i for i, _ in best], dtype=np.int64))
+        names = ids_to_names(
+            self.store, self.tables, etype, np.array([i for i, _ in best], dtype=np.int64)
+        )
         return [
             Prediction(n, float(s) + 0.0, etype)  # + 0.0: no -0.0 in output
             for n, (_, s) in zip(names, best, strict=True)
         ]
 
     # ------------------------------------------------------------------ names <-> ids
+    def _ids(self, etype: str, names: Sequence[str]) -> np.ndarray:
+        return names_to_ids(self.store, self.tables, etype, names)
+
     def _check_type(self, type: str | None) -> str:
         if type is None:
             if len(self.entity_types) == 1:
@@ -400,7 +323,7 @@ class EmbeddingModel:
         return type
 
     def _type_of(self, name: str, type: str | None) -> str:
-        _check_name(name)
+        check_name(name)
         if type is not None or len(self.entity_types) == 1:
             return self._check_type(type)
         found = [t for t in self.entity_types if self.store.offset_of(t, name) is not None]
@@ -411,28 +334,6 @@ class EmbeddingModel:
                 f"entity {name!r} exists in several types ({', '.join(found)}); pass type="
             )
         return found[0]
-
-    def _ids(self, etype: str, names: Sequence[str]) -> np.ndarray:
-        for name in names:
-            _check_name(name)
-        parts, offsets = self.store.lookup(etype, list(names))
-        if (parts < 0).any():
-            bad = names[int(np.flatnonzero(parts < 0)[0])]
-            raise UnknownNameError(
-                f"unknown entity {bad!r} (not among the {etype!r} names of {self.store.path})"
-            )
-        return self.tables.bases(etype)[parts] + offsets
-
-    def _names_of(self, etype: str, ids: np.ndarray) -> list[str]:
-        bases = self.tables.bases(etype)
-        parts = np.searchsorted(bases, ids, side="right") - 1
-        out: list[str] = [""] * len(ids)
-        for part in np.unique(parts).tolist():
-            sel = np.flatnonzero(parts == part)
-            names = self.store.names_array(etype, part).take(ids[sel] - bases[part]).to_pylist()
-            for i, n in zip(sel.tolist(), names, strict=True):
-                out[i] = n
-        return out
 
     def _relation_id(self, rel: str | int) -> int:
         if isinstance(rel, (int, np.integer)) and not isinstance(rel, bool):
@@ -480,17 +381,6 @@ class EmbeddingModel:
         return self._known[paths]
 
 
-def _similarity(metric: str):
-    def dot(a: Tensor, c: Tensor) -> Tensor:
-        return a @ c.T
-
-    def l2(a: Tensor, c: Tensor) -> Tensor:
-        # the exact formula: an entity's distance to itself is 0, not rounding noise
-        return -torch.cdist(a, c, compute_mode="donot_use_mm_for_euclid_dist")
-
-    return l2 if metric == "l2" else dot
-
-
 def _broadcast(*values) -> list[list]:
     """Lists of equal length from single values and sequences."""
     lists = [
@@ -507,49 +397,3 @@ def _broadcast(*values) -> list[list]:
             raise ValueError(f"got sequences of different lengths ({lengths})")
         out.append(v)
     return out
-
-
-# ---------------------------------------------------------------------- demo helper
-
-
-def example_predictions(
-    model: EmbeddingModel,
-    n: int = 5,
-    *,
-    edge_path: str | Path | None = None,
-    k: int = 3,
-    seed: int = 0,
-) -> str:
-    """A few example tail predictions with names, as text for people to read.
-
-    Draws ``n`` edges from ``edge_path`` (an edge path or edge file; default: the config's
-    first edge path), shows the top ``k`` tails of each ``(lhs, rel, ?)``, marks the true tail
-    with ``*`` and gives its raw rank among all entities of its type.
-    """
-    from bigembed.eval import EdgeLoader
-    from bigembed.ranking import EvalEdges, rank_edges
-
-    path = edge_path if edge_path is not None else model.config.edge_paths[0]
-    edges = EdgeLoader(model.trained, entity_path=model.store.path).load(path).edges
-    if len(edges) == 0:
-        return f"(no edges in {path})"
-    rng = np.random.default_rng(seed)
-    pick = np.sort(rng.choice(len(edges), min(n, len(edges)), replace=False))
-    sample = EvalEdges(edges.lhs[pick], edges.rel[pick], edges.rhs[pick])
-    ranks = rank_edges(model.model, model.tables, model.trained.partition_bases, sample, None).rhs
-    assert ranks is not None
-    lines = [f"Example predictions from {path} (top {k} tails; * marks the true tail):"]
-    for i in range(len(sample)):
-        rid = int(sample.rel[i])
-        d = direction(model.model, "rhs", rid)
-        head = model._names_of(d.source_type, sample.lhs[i : i + 1])[0]
-        tail = model._names_of(d.target_type, sample.rhs[i : i + 1])[0]
-        rel = model.relation_names[rid]
-        lines.append(f"  {head}  --{rel}-->  ?")
-        for j, p in enumerate(model.predict(head, rid, k=k), start=1):
-            mark = " *" if p.name == tail else ""
-            lines.append(f"      {j}. {p.name}  ({p.score:.3f}){mark}")
-        lines.append(
-            f"      true tail {tail}: rank {int(ranks.raw[i]):,} of {int(ranks.candidates[i]):,}"
-        )
-    return "\n".join(lines)

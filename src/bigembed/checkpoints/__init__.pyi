@@ -1,0 +1,21 @@
+from .inference import DEFAULT_CACHE_BYTES, open_for_inference
+from .layout import VERSION_FILE
+from .metadata import CheckpointMetadata, IterationPosition, check_same_import
+from .reading import TrainedModel, checkpoint_dir, load_trained, open_entity_store
+from .store import CheckpointStore
+from .tables import EntityTables
+
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "VERSION_FILE",
+    "CheckpointMetadata",
+    "CheckpointStore",
+    "EntityTables",
+    "IterationPosition",
+    "TrainedModel",
+    "check_same_import",
+    "checkpoint_dir",
+    "load_trained",
+    "open_entity_store",
+    "open_for_inference",
+]

@@ -1,0 +1,42 @@
+from .checks import config_warnings
+from .cli_args import add_config_arguments, config_from_args
+from .files import read_config_file
+from .key_listing import config_keys, format_config_keys
+from .keys import normalize_keys
+from .loading import config_to_dict, load_config, parse_config_dict
+from .overrides import apply_overrides
+from .pbg_keys import BIGEMBED_ONLY_KEYS, IGNORED_KEYS, PBG_DIFFERENCES, pbg_status
+from .schema import ConfigSchema
+from .sections import EarlyStoppingSchema, EntitySchema, RelationSchema, TuneParamSchema, TuneSchema
+from .to_model import model_spec, relation_list
+from .types import PRECISION_NAMES, STRATEGY_NAMES, Bytes, OneOf
+
+__all__ = [
+    "BIGEMBED_ONLY_KEYS",
+    "IGNORED_KEYS",
+    "PBG_DIFFERENCES",
+    "PRECISION_NAMES",
+    "STRATEGY_NAMES",
+    "Bytes",
+    "ConfigSchema",
+    "EarlyStoppingSchema",
+    "EntitySchema",
+    "OneOf",
+    "RelationSchema",
+    "TuneParamSchema",
+    "TuneSchema",
+    "add_config_arguments",
+    "apply_overrides",
+    "config_from_args",
+    "config_keys",
+    "config_to_dict",
+    "config_warnings",
+    "format_config_keys",
+    "load_config",
+    "model_spec",
+    "normalize_keys",
+    "parse_config_dict",
+    "pbg_status",
+    "read_config_file",
+    "relation_list",
+]

@@ -1,0 +1,236 @@
+"""The config's nested sections: entity types, relation types, and bigembed's own
+``communication``, ``early_stopping`` and ``tune`` sections.
+
+Each is a frozen pydantic model that refuses unknown keys; the whole config,
+:class:`~bigembed.config.schema.ConfigSchema`, holds them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from bigembed.config.keys import mixed_case_to_snake
+from bigembed.config.types import (
+    Bool,
+    EvalProtocolName,
+    Float,
+    Int,
+    OperatorName,
+    PartitionPrecisionName,
+    PrecisionName,
+    PrunerName,
+    SamplerName,
+    StrategyName,
+    TuneParamType,
+    ValidationMetricName,
+)
+
+#: Every schema's settings: unknown keys refused, values frozen, numbers accepted as strings.
+MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+FEATURIZED_MESSAGE = (
+    "featurized entities are not supported by bigembed (an embedding-bag model over feature "
+    "ids); precompute feature-based embeddings and start from them with init_path, or import "
+    "the features as entities of their own linked by a relation"
+)
+
+
+class EntitySchema(BaseModel):
+    """One entity type (a value of ``entities``)."""
+
+    model_config = MODEL_CONFIG
+
+    num_partitions: Int = Field(
+        gt=0,
+        description="Number of partitions this entity type is split into; 1 = unpartitioned. "
+        "All partitioned types used on the same side of relations must share one count.",
+    )
+    featurized: Bool = Field(
+        default=False,
+        description="PBG: each entity is a bag of features (embedding = mean of feature "
+        "embeddings). Not supported by bigembed: must be false (see docs/pbg_compatibility.md).",
+    )
+    dimension: Int | None = Field(
+        default=None,
+        gt=0,
+        description="Embedding dimension of this type; null = the global `dimension`.",
+    )
+
+    _norm = model_validator(mode="before")(mixed_case_to_snake)
+
+    @field_validator("featurized")
+    @classmethod
+    def _no_featurized(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError("unsupported", FEATURIZED_MESSAGE)
+        return value
+
+
+class RelationSchema(BaseModel):
+    """One relation type (an item of ``relations``; its id is its index in the list)."""
+
+    model_config = MODEL_CONFIG
+
+    name: str = Field(
+        min_length=1,
+        description="Name of the relation type; in non-dynamic mode it must equal the relation "
+        "string of the edges in the input files.",
+    )
+    lhs: str = Field(min_length=1, description="Entity type of the left-hand side.")
+    rhs: str = Field(min_length=1, description="Entity type of the right-hand side.")
+    weight: Float = Field(default=1.0, gt=0, description="Multiplier of this relation's loss.")
+    operator: OperatorName = Field(
+        default="none",
+        description="Transformation applied to the right-hand side embedding before comparing "
+        "(dynamic_relations: to either side).",
+    )
+    all_negs: Bool = Field(
+        default=False,
+        description="Use every entity of the same type and partition as negatives (both sides) "
+        "instead of batch/uniform sampling.",
+    )
+
+    _norm = model_validator(mode="before")(mixed_case_to_snake)
+
+
+class CommunicationSchema(BaseModel):
+    """bigembed only: what crosses the network in the distributed mode."""
+
+    model_config = MODEL_CONFIG
+
+    strategy: StrategyName = Field(
+        default="async_ps",
+        description="bigembed only: how trainers keep the shared parameters in step. async_ps "
+        "(PBG's parameter servers: centralized, asynchronous), allreduce (centralized, "
+        "synchronous: everybody's changes summed every sync_every batches), "
+        "async_model_average (centralized, asynchronous: a background thread averages the "
+        "values), decentralized (synchronous: each round every trainer averages with one peer, "
+        "no server). See docs/distributed.md.",
+    )
+    precision: PrecisionName = Field(
+        default="fp32",
+        description="bigembed only: encoding of the shared parameters (relation operators, "
+        "global and unpartitioned embeddings, their Adagrad state) exchanged between "
+        "trainers: fp32 (exact), fp16, bf16 or int8 (chunk-wise, ~4x fewer bytes; lossy "
+        "codecs carry their error into the next message).",
+    )
+    partition_precision: PartitionPrecisionName = Field(
+        default="fp32",
+        description="bigembed only: how partitions travel between trainers and partition "
+        "servers: fp32 (exact) or compressed (the trainer receives a bf16 copy and sends back "
+        "its change as int8 with a per-row scale; the server keeps the exact fp32 master).",
+    )
+    sync_every: Int = Field(
+        default=16,
+        ge=1,
+        description="bigembed only: synchronous strategies (allreduce, decentralized): a "
+        "trainer's workers run at most this many batches (all workers together) before the "
+        "next round has merged them; they wait for it.",
+    )
+    sync_interval: float = Field(
+        default=0.01,
+        gt=0,
+        description="bigembed only: asynchronous strategies (async_ps, async_model_average): "
+        "the least seconds between two rounds of a trainer (PBG: 0.01, at most 100 per second).",
+    )
+
+
+class EarlyStoppingSchema(BaseModel):
+    """bigembed only: evaluate on validation edges during training, keep the best version."""
+
+    model_config = MODEL_CONFIG
+
+    valid_path: str = Field(
+        description="bigembed only: the validation edges: an imported edge path or a "
+        "TSV/CSV/Parquet file of names (never trained on).",
+    )
+    every: Int = Field(
+        default=1, gt=0, description="bigembed only: evaluate after every this many epochs."
+    )
+    patience: Int = Field(
+        default=3,
+        gt=0,
+        description="bigembed only: stop after this many evaluations in a row without a gain "
+        "over the best.",
+    )
+    metric: ValidationMetricName = Field(
+        default="mrr",
+        description="bigembed only: what is compared: mrr, hits@1, hits@3, hits@10 or auc "
+        "(filtered with protocol full, raw with sampled).",
+    )
+    protocol: EvalProtocolName = Field(
+        default="full",
+        description="bigembed only: full (filtered ranking against every entity) or sampled "
+        "(against the config's negatives, raw; cheaper on big graphs).",
+    )
+    min_delta: Float = Field(
+        default=0.0, ge=0, description="bigembed only: the least gain that counts as one."
+    )
+    filter_paths: list[str] | None = Field(
+        default=None,
+        description="bigembed only: known true edges to filter with (null = edge_paths plus "
+        "valid_path).",
+    )
+
+
+class TuneParamSchema(BaseModel):
+    """bigembed only: the distribution of one tuned config key."""
+
+    model_config = MODEL_CONFIG
+
+    type: TuneParamType = Field(
+        description="bigembed only: the distribution of config key KEY: float, int or categorical."
+    )
+    low: float | None = Field(
+        default=None, description="bigembed only: float/int: the least value."
+    )
+    high: float | None = Field(
+        default=None, description="bigembed only: float/int: the greatest value."
+    )
+    log: Bool = Field(default=False, description="bigembed only: float/int: sample on a log scale.")
+    step: float | None = Field(
+        default=None, description="bigembed only: float/int: grid step (optional)."
+    )
+    choices: list[Any] | None = Field(
+        default=None, description="bigembed only: categorical: the values."
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> TuneParamSchema:
+        if self.type == "categorical":
+            if not self.choices:
+                raise PydanticCustomError("tune", "categorical: give a non-empty choices list")
+        elif self.low is None or self.high is None or self.low > self.high:
+            raise PydanticCustomError("tune", f"{self.type}: give low <= high")
+        elif self.log and self.low <= 0:
+            raise PydanticCustomError("tune", "log: true needs low > 0")
+        return self
+
+
+class TuneSchema(BaseModel):
+    """bigembed only: the search of ``bigembed tune`` (Optuna)."""
+
+    model_config = MODEL_CONFIG
+
+    n_trials: Int = Field(default=20, gt=0, description="bigembed only: trials in all.")
+    params: dict[str, TuneParamSchema] = Field(
+        description="bigembed only: config key (as -p takes it, e.g. lr, dimension, "
+        "relations.0.operator) -> distribution {type: float|int|categorical, low, high, log, "
+        "step, choices}.",
+    )
+    sampler: SamplerName = Field(
+        default="tpe", description="bigembed only: tpe (Optuna's default) or random."
+    )
+    pruner: PrunerName = Field(
+        default="median",
+        description="bigembed only: median (stop a trial whose validation metric is below the "
+        "median of earlier trials at the same epoch) or none.",
+    )
+    startup_trials: Int = Field(
+        default=2,
+        ge=0,
+        description="bigembed only: trials run to the end before pruning starts.",
+    )

@@ -1,0 +1,3 @@
+from .pbg import from_pbg, to_pbg
+
+__all__ = ["from_pbg", "to_pbg"]

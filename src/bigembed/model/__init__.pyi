@@ -1,0 +1,34 @@
+from .batch import BatchScores, Corruption, NegativeSettings, QueryBatch, SideEmbeddings
+from .comparators import Comparator, CosComparator, DotComparator
+from .names import COMPARATOR_NAMES, COMPUTE_DTYPES, LOSS_NAMES, OPERATOR_NAMES
+from .negatives import MASKED, batch_negative_unmasked
+from .operators import DiagonalOperator, IdentityOperator, TranslationOperator
+from .pbg_names import from_pbg, pbg_param_name, to_pbg
+from .scoring import ScoringModel
+from .spec import ModelSpec, RelationSpec
+
+__all__ = [
+    "COMPARATOR_NAMES",
+    "COMPUTE_DTYPES",
+    "LOSS_NAMES",
+    "MASKED",
+    "OPERATOR_NAMES",
+    "BatchScores",
+    "Comparator",
+    "Corruption",
+    "CosComparator",
+    "DiagonalOperator",
+    "DotComparator",
+    "IdentityOperator",
+    "ModelSpec",
+    "NegativeSettings",
+    "QueryBatch",
+    "RelationSpec",
+    "ScoringModel",
+    "SideEmbeddings",
+    "TranslationOperator",
+    "batch_negative_unmasked",
+    "from_pbg",
+    "pbg_param_name",
+    "to_pbg",
+]

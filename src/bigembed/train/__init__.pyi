@@ -1,0 +1,44 @@
+from .hogwild.gate import BatchGate
+from .hogwild.malloc import keep_freed_memory
+from .iteration import Iteration, iterations
+from .job import ModelState, TrainingJob
+from .loop import StopTraining, Trainer, TrainingLoop, TrainResult, standard_observers, train
+from .memory.cost import CostModel, bucket_costs
+from .memory.cost_calibration import BucketSample, fit_from_buckets
+from .memory.partitions import PartitionStore
+from .observers import BucketWork, Observer, TrainingObserver
+from .plotting import plot_training
+from .policy import checkpoint_metadata, commit_with_stats, resume
+from .records import BucketRecord, StepLog, StepRecord, merge_step_logs, read_training_log
+
+__all__ = [
+    "BatchGate",
+    "BucketRecord",
+    "BucketSample",
+    "BucketWork",
+    "CostModel",
+    "Iteration",
+    "ModelState",
+    "Observer",
+    "PartitionStore",
+    "StepLog",
+    "StepRecord",
+    "StopTraining",
+    "TrainResult",
+    "Trainer",
+    "TrainingJob",
+    "TrainingLoop",
+    "TrainingObserver",
+    "bucket_costs",
+    "checkpoint_metadata",
+    "commit_with_stats",
+    "fit_from_buckets",
+    "iterations",
+    "keep_freed_memory",
+    "merge_step_logs",
+    "plot_training",
+    "read_training_log",
+    "resume",
+    "standard_observers",
+    "train",
+]
