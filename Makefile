@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # itself accepts any torch>=2.2.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-unit lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The inner loop while changing code: the tests that start no process (not marked
+# `integration`: no CLI subprocess, ranks, servers, Hogwild workers or forkserver), no lint.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not integration"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -172,7 +172,7 @@ def run_one(
     extra: list[str],
     policy: str,
     src: str | None = None,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     shutil.rmtree(ckpt, ignore_errors=True)
     argv = [sys.executable, "-m", "bigembed.cli", command, str(cfg_path)]
     argv += ["-n", str(ranks)] if command == "launch" else ["--no-progress"]
@@ -283,7 +283,9 @@ def main() -> int:
                     more = [*extra, f"partition_prefetch={pf}", *args.param]
                     pair[policy] = run_one(cfg_path, ckpt, command, ranks, more, policy, src)
                     rows.append((tag, policy, rep, pair[policy]))
-                pair["cost"]["speedup"] = pair["pbg"]["epoch_s"] / pair["cost"]["epoch_s"]
+                pbg_s, cost_s = pair["pbg"]["epoch_s"], pair["cost"]["epoch_s"]
+                assert pbg_s is not None and cost_s is not None
+                pair["cost"]["speedup"] = pbg_s / cost_s
                 pair["pbg"]["speedup"] = 1.0
 
     print(

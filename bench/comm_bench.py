@@ -43,18 +43,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import support_path  # noqa: F401  (tests/ on sys.path, for support)
+
+from bigembed.checkpoints import CheckpointStore
+from bigembed.config import STRATEGY_NAMES, config_to_dict
+from bigembed.train import read_training_log
+from support import netns
+from support.graphs import graph_config, planted, write_buckets
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import netns  # noqa: E402
-
-from bigembed.checkpoints import CheckpointStore  # noqa: E402
-from bigembed.config import STRATEGY_NAMES, config_to_dict  # noqa: E402
-from bigembed.train import read_training_log  # noqa: E402
-from synthetic import graph_config  # noqa: E402
-from test_dist_sharing import planted, write_buckets  # noqa: E402
 
 PORT = 29650
 _SHARED = re.compile(
@@ -233,8 +230,8 @@ def run_one(
                         text=True,
                     )
                 )
-            for p in procs:
-                p.wait(timeout=3600)
+            for proc in procs:
+                proc.wait(timeout=3600)
             outs = []
             for log in logs:
                 log.seek(0)
@@ -374,8 +371,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.table_from:
-        rows = [Row(**r) for f in args.table_from for r in json.loads(Path(f).read_text())]
-        print_table(rows, f"comm_bench: rows of {', '.join(args.table_from)}")
+        saved = [Row(**r) for f in args.table_from for r in json.loads(Path(f).read_text())]
+        print_table(saved, f"comm_bench: rows of {', '.join(args.table_from)}")
         return 0
 
     workdir = Path(args.workdir)

@@ -1,6 +1,6 @@
 """Distributed training on one machine: 2 ranks x 1 worker against 1 rank x 2 workers.
 
-Same planted graph (tests/synthetic.py), same config and epochs for every row; only the way
+Same planted graph (tests/support/graphs.py), same config and epochs for every row; only the way
 the two cores are used differs. Each run is a subprocess exactly as a user would start it
 (`bigembed train` or `bigembed launch`). Prints one table: wall time, training edges/s (from
 training_stats.json, checkpoints included), bytes sent over the network (partition transfers
@@ -23,13 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import support_path  # noqa: F401  (tests/ on sys.path, for support)
 
-from bigembed.checkpoints import CheckpointStore  # noqa: E402
-from bigembed.config import config_to_dict  # noqa: E402
-from bigembed.train import read_training_log  # noqa: E402
-from synthetic import graph_config, write_graph  # noqa: E402
+from bigembed.checkpoints import CheckpointStore
+from bigembed.config import config_to_dict
+from bigembed.train import read_training_log
+from support.graphs import graph_config, write_graph
+
+ROOT = Path(__file__).resolve().parent.parent
 
 RUNS = [
     # label, command, extra -p overrides

@@ -61,7 +61,6 @@ def ensure_import(work: Path) -> None:
 
 def untrained_checkpoint(work: Path, cfg) -> Path:
     """A committed checkpoint with random embeddings and the config's model (not trained)."""
-    from bigembed.atomic import atomic_write_text
     from bigembed.checkpoints import (
         VERSION_FILE,
         CheckpointMetadata,
@@ -97,7 +96,7 @@ def untrained_checkpoint(work: Path, cfg) -> Path:
             relation_names=ents.relation_names(),
         )
     )
-    atomic_write_text(path / VERSION_FILE, "1\n")
+    store.commit(1)
     return path
 
 
@@ -119,6 +118,7 @@ def in_process(cfg, ckpt: Path, work: Path) -> dict[str, float]:
         trained.model, EntityTables(trained), trained.partition_bases, sets["test"], known
     )
     t3 = time.perf_counter()
+    assert res.lhs is not None and res.rhs is not None  # both sides ranked
     ranks = np.concatenate([res.lhs.filtered, res.rhs.filtered])
     return {
         "open": t1 - t0,

@@ -150,7 +150,13 @@ def main() -> None:
         f"\nbigembed import: {args.entities:,} entities, {len(RELATIONS)} relation types, "
         f"{args.partitions} partitions, TSV input, {os.cpu_count()} CPUs"
     )
-    columns = ("edges", 12), ("input MB", 9), ("mode", 4), ("seconds", 8), ("edges/s", 11)
+    columns: tuple[tuple[str, int], ...] = (
+        ("edges", 12),
+        ("input MB", 9),
+        ("mode", 4),
+        ("seconds", 8),
+        ("edges/s", 11),
+    )
     columns += (("CPU s", 6),)
     header = " ".join(f"{name:>{width}}" for name, width in columns) + " peak RSS MB"
     print(

@@ -4,7 +4,7 @@ Trains one config (e.g. the graph of ``bench/ooc_graph.py``) with ``bigembed tra
 process and reports: edges/s, partition bytes read and written, the fraction of step time the
 trainer waited on partition I/O, the peak memory of the whole process tree (RSS and PSS,
 sampled from /proc every 0.2 s, each peak from a snapshot taken with the tree stopped:
-see ``bench/tree_memory.py``), and the disk the run used.
+see ``tests/support/tree_memory.py``), and the disk the run used.
 
 With ``--limit`` the trainer runs inside a memory cgroup of that size: cgroup v1 (a child of
 this process's memory cgroup with ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes``
@@ -34,21 +34,24 @@ import threading
 import time
 from pathlib import Path
 
-from tree_memory import TreeMemory
+import support_path  # noqa: F401  (tests/ on sys.path, for support)
+
+from support.tree_memory import TreeMemory
 
 V1 = Path("/sys/fs/cgroup/memory")
 
 
 def _units(text: str) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from bigembed.config.types import _to_bytes
+    from pydantic import TypeAdapter
 
-    return int(_to_bytes(text))
+    from bigembed.config import Bytes
+
+    return int(TypeAdapter(Bytes).validate_python(text))
 
 
 class TreeSampler:
     """Peak of the summed RSS and PSS of a process tree (PSS counts shared tables once), from
-    consistent snapshots (:class:`tree_memory.TreeMemory`).
+    consistent snapshots (:class:`support.tree_memory.TreeMemory`).
 
     With a cgroup it also keeps the peak of the cgroup's anonymous memory plus shared memory
     (``rss + shmem`` of ``memory.stat``: what the kernel cannot reclaim without swap, each page

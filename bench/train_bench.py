@@ -150,16 +150,15 @@ def filtered_test(ckpt: Path, paths: list[Path]) -> tuple[float, float]:
         return EvalEdges(c.lhs.astype(np.int64), c.rel.astype(np.int64), c.rhs.astype(np.int64))
 
     sets = [edges(p) for p in paths]
-    known = KnownEdges(
-        *(np.concatenate([getattr(e, k) for e in sets]) for k in ("lhs", "rel", "rhs")),
-        num_relations=len(tm.relation_names),
-    )
+    lhs, rel, rhs = (np.concatenate([getattr(e, k) for e in sets]) for k in ("lhs", "rel", "rhs"))
+    known = KnownEdges(lhs, rel, rhs, num_relations=len(tm.relation_names))
     cache: dict = {}
 
     def source(t: str, p: int) -> torch.Tensor:
         return cache.setdefault((t, p), tm.embeddings(t, p).clone())
 
     res = rank_edges(tm.model, source, tm.partition_bases, sets[2], known)
+    assert res.lhs is not None and res.rhs is not None  # both sides ranked
     sums = RankingSums()
     sums.add_ranks(torch.from_numpy(np.concatenate([res.lhs.filtered, res.rhs.filtered])))
     s = sums.summary()

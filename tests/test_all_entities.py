@@ -10,7 +10,7 @@ from bigembed.errors import ConfigError
 from bigembed.model import NegativeSettings, ScoringModel, SideEmbeddings, all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.spec import ModelSpec, RelationSpec
-from stepkit import fresh_tables, fresh_trainer, perturbed_model
+from support.steps import fresh_tables, fresh_trainer, perturbed_model
 
 
 def _naive(a: torch.Tensor, c: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None):

@@ -91,8 +91,9 @@ def _write_import(root: Path, importer: str, imported: str, *, package: bool = F
 def _stand_in(root: Path, imports: list[tuple[str, str]]) -> None:
     """A stand-in ``bigembed`` under ``root`` that keeps every contract of pyproject.toml: an
     empty package per layer module of each layers contract, each source module of a forbidden
-    contract, and each import the contracts ignore. Then each (importer, imported) of ``imports`` (names under ``bigembed.``): the
-    importer's ``core`` module imports the imported's ``inner`` module."""
+    contract, and each import the contracts ignore. Then each (importer, imported) of
+    ``imports`` (names under ``bigembed.``): the importer's ``core`` module imports the
+    imported's ``inner`` module."""
     for contract in _contracts()["contracts"]:
         if contract["type"] == "layers":
             for container in contract.get("containers", ["bigembed"]):
@@ -110,12 +111,14 @@ def _stand_in(root: Path, imports: list[tuple[str, str]]) -> None:
         _write_import(root, f"bigembed.{importer}.core", f"bigembed.{imported}.inner")
 
 
+@pytest.mark.integration
 @needs_linter
 def test_bigembed_keeps_its_layers() -> None:
     result = _lint(ROOT, config=ROOT / "pyproject.toml")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 @needs_linter
 @pytest.mark.parametrize(
     ("importer", "imported", "contract"),
@@ -355,6 +358,7 @@ def test_the_public_api_check_catches_internal_imports() -> None:
     ]
 
 
+@pytest.mark.integration
 def test_every_exported_name_resolves() -> None:
     """A lazy export (``__init__.pyi``, lazy_loader) names a module and an attribute; both must
     exist, which only importing them shows (``EAGER_IMPORT`` makes lazy_loader load them all)."""
@@ -369,6 +373,7 @@ def test_every_exported_name_resolves() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
+@pytest.mark.integration
 def test_hogwild_workers_do_not_load_the_stores() -> None:
     """A spawned Hogwild worker imports only what a training step needs: pulling in the stores
     (pyarrow) or the plotting stack costs ~40 MB of memory in every worker process."""
@@ -381,3 +386,109 @@ def test_hogwild_workers_do_not_load_the_stores() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "", f"worker processes import {out}"
+
+
+# ----------------------------------------------------------------- bench/ and tests/support/
+BENCH = ROOT / "bench"
+TESTS = ROOT / "tests"
+BENCH_SCRIPTS = {p.stem for p in BENCH.glob("*.py")}
+# a test of a bench script loads the script it tests (and nothing else of bench/)
+BENCH_SCRIPT_TESTS = {
+    "test_planted_graphs.py": {"planted_graphs", "popularity_baseline"},
+    "test_wordnet_graph.py": {"wordnet_graph"},
+}
+
+
+def _imports(source: str, name: str) -> list[tuple[int, str, list[str]]]:
+    """``(line, module, names)`` of each absolute import in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+    return found
+
+
+def _bench_problems(source: str, name: str) -> list[str]:
+    """``name:line: what`` for each import in a bench script of something other than bigembed's
+    public API (``bigembed`` and ``bigembed.<package>``'s ``__all__``), or of a test module."""
+    problems = []
+    for line, module, names in _imports(source, name):
+        where = f"{name}:{line}"
+        parts = module.split(".")
+        if parts[0] == "bigembed" and len(parts) > 2:
+            problems.append(f"{where}: imports {module} (use bigembed.{parts[1]})")
+        elif parts[0] == "bigembed" and len(parts) == 2:
+            if not (SRC / parts[1] / "__init__.py").exists():
+                problems.append(f"{where}: imports the module {module} (not a package's API)")
+                continue
+            exported = _exported(parts[1])
+            missing = [n for n in names if n not in exported]
+            problems += [f"{where}: {n} is not in {module}.__all__" for n in missing]
+        elif parts[0] == "bigembed":
+            problems += [f"{where}: bigembed.{n} is not bigembed's API" for n in names]
+        elif parts[0] == "conftest" or parts[0].startswith("test_"):
+            problems.append(f"{where}: imports the test module {module} (use tests/support)")
+    return problems
+
+
+def _test_problems(source: str, name: str, allowed: set[str]) -> list[str]:
+    """``name:line: what`` for each import in a test file of another test module or of a bench
+    script not in ``allowed``."""
+    problems = []
+    for line, module, _ in _imports(source, name):
+        top = module.split(".")[0]
+        if top == "conftest" or top.startswith("test_"):
+            problems.append(f"{name}:{line}: imports the test module {module} (use support)")
+        elif top in BENCH_SCRIPTS and top not in allowed:
+            problems.append(f"{name}:{line}: imports bench/{top}.py (use support)")
+    return problems
+
+
+def test_bench_uses_the_public_api_and_support_only() -> None:
+    problems = []
+    for path in sorted(BENCH.glob("*.py")):
+        problems += _bench_problems(path.read_text(), str(path.relative_to(ROOT)))
+    assert not problems, "\n".join(problems)
+
+
+def test_tests_import_no_other_test_nor_bench() -> None:
+    problems = []
+    for path in sorted(TESTS.rglob("*.py")):
+        allowed = BENCH_SCRIPT_TESTS.get(path.name, set()) if path.parent == TESTS else set()
+        problems += _test_problems(path.read_text(), str(path.relative_to(ROOT)), allowed)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_bench_and_test_import_checks_catch_violations() -> None:
+    """The scans flag an internal module, a private name, a test module and a bench script,
+    and not the public names, support, or a bench script's own test."""
+    bench_source = (
+        "from bigembed.train.loop import Trainer\n"
+        "import bigembed.config.types\n"
+        "from bigembed.config import Bytes, _private\n"
+        "from bigembed.atomic import atomic_write_text\n"
+        "from test_dist import free_port\n"
+        "import bigembed\n"
+        "from bigembed.checkpoints import CheckpointStore\n"
+        "from support.graphs import graph_config\n"
+        "import side_by_side\n"
+    )
+    assert _bench_problems(bench_source, "probe.py") == [
+        "probe.py:1: imports bigembed.train.loop (use bigembed.train)",
+        "probe.py:2: imports bigembed.config.types (use bigembed.config)",
+        "probe.py:3: _private is not in bigembed.config.__all__",
+        "probe.py:4: imports the module bigembed.atomic (not a package's API)",
+        "probe.py:5: imports the test module test_dist (use tests/support)",
+    ]
+    test_source = (
+        "from test_dist import free_port\n"
+        "import side_by_side\n"
+        "import planted_graphs\n"
+        "from support.ranks import free_port\n"
+    )
+    assert _test_problems(test_source, "probe.py", {"planted_graphs"}) == [
+        "probe.py:1: imports the test module test_dist (use support)",
+        "probe.py:2: imports bench/side_by_side.py (use support)",
+    ]

@@ -18,8 +18,8 @@ from bigembed.checkpoints.store import CheckpointStore
 from bigembed.errors import CheckpointError
 from bigembed.train.records import parse_records
 from bigembed.train.single_machine import train
-from evalkit import make_config, write_checkpoint
-from synthetic import graph_config, write_graph
+from support.checkpoints import make_config, write_checkpoint
+from support.graphs import graph_config, write_graph
 
 # the keys docs/FORMAT.md lists for metadata.v{N}.json as training writes it
 TRAINED_KEYS = {

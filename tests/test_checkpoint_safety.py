@@ -25,7 +25,7 @@ from bigembed.cli import main as cli_main
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.errors import CheckpointError
 from bigembed.train.single_machine import train
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
 
 
 def _config_file(cfg: ConfigSchema, path: Path) -> Path:
@@ -248,10 +248,11 @@ def test_corrupt_metadata_is_one_line(
 
 
 # ---------------------------------------------------------------------- import ids
+@pytest.mark.integration
 def test_checkpoint_refuses_another_import(tmp_path: Path, capsys) -> None:
     """Import, train, re-import (new ids): eval, export, similar and train all refuse."""
     from bigembed.storage.entities import EntityStore
-    from graph_helpers import random_edges, write_config, write_tsv
+    from support.imports import random_edges, write_config, write_tsv
 
     config = write_config(tmp_path, entities={"node": 1})
     tsv = write_tsv(tmp_path / "edges.tsv", random_edges(300, 40, ["r"]))
@@ -331,6 +332,7 @@ def _can_mount() -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _can_mount(), reason="needs root to mount a tmpfs")
 def test_disk_full_keeps_the_committed_checkpoint(tmp_path: Path, capsys) -> None:
     write_graph(tmp_path)
@@ -361,6 +363,7 @@ def test_disk_full_keeps_the_committed_checkpoint(tmp_path: Path, capsys) -> Non
         assert CheckpointStore(ck).committed_version() == 3
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not _can_mount(), reason="needs root to mount a tmpfs")
 def test_read_only_checkpoint_dir_is_one_line(tmp_path: Path, capsys) -> None:
     write_graph(tmp_path)

@@ -121,7 +121,13 @@ def _cases() -> list[Any]:
         parts, dyn = (1, 4)[i % 2], bool((i // 2) % 2)
         multi.append(
             pytest.param(
-                loss, cmp, 2, parts, dyn, id=f"{loss}-{cmp}-w2-p{parts}-{'dyn' if dyn else 'std'}"
+                loss,
+                cmp,
+                2,
+                parts,
+                dyn,
+                id=f"{loss}-{cmp}-w2-p{parts}-{'dyn' if dyn else 'std'}",
+                marks=pytest.mark.integration,  # Hogwild workers
             )
         )
     return single + multi
@@ -149,6 +155,7 @@ def test_import_train_eval(
     assert len(buckets) == len(set(buckets)) and all(max(b) < partitions for b in buckets)
 
 
+@pytest.mark.integration
 def test_config_of_only_required_keys_trains(tmp_path: Path) -> None:
     """PBG's required keys only (``dimension`` is one); all else default: ranking loss, cos,
     workers = CPU count (so real Hogwild processes on a multi-core machine)."""

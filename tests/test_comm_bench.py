@@ -1,4 +1,4 @@
-"""bench/comm_bench.py and its network namespaces work (the benchmark itself is not run here)."""
+"""bench/comm_bench.py runs, and the network namespaces it uses (tests/support/netns.py) work."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+from support import netns
 
-import netns  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.integration  # bench/comm_bench.py as a subprocess, network namespaces
 
 
 def _namespaces() -> set[str]:

@@ -9,7 +9,6 @@ accumulating), and the traffic is >= 3x smaller than fp32 on the same rounds.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ import torch
 from bigembed.communication import get_codec
 from bigembed.communication.param_server import ParameterServer, ShardPlan, gather
 from bigembed.communication.sharer import Sharer
+from support.graphs import graph_config, planted, save_config, write_buckets
+from support.launches import launch_ranks, write_items_graph
 
 NAMES = ["adagrad/a", "param/b", "param/c", "big"]
 NUMELS = [37, 2500, 11, 3_000_000]
@@ -127,6 +128,7 @@ def fp32_bytes(tmp_path_factory: pytest.TempPathFactory) -> int:
     return sum(int(r["sent"]) + int(r["received"]) for r in results)  # type: ignore[call-overload]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("precision", "tolerance", "ratio"), [("int8", 1e-4, 3.0), ("bf16", 1e-4, 1.9)]
 )
@@ -161,8 +163,6 @@ def test_precision_config_key(tmp_path: Path) -> None:
     from bigembed.communication import PRECISIONS
     from bigembed.config import config_keys, load_config
     from bigembed.errors import ConfigError
-    from synthetic import graph_config
-    from test_dist_sharing import save_config
 
     path = save_config(tmp_path, graph_config(tmp_path))
     assert load_config(path).communication.precision == "fp32"
@@ -222,39 +222,7 @@ def test_lossy_rounds_keep_accumulators_non_negative(precision: str) -> None:
 
 
 # ---------------------------------------------------------------------- end to end
-_SHARED = re.compile(
-    r"shared parameters \(\w+, (\w+)\): (\d+) rounds, (\d+) bytes sent, (\d+) bytes"
-)
-
-
-ITEMS, USERS, NODES = 200, 300, 200
-EPOCHS = 10
-
-
-def _items_graph(root: Path) -> dict[str, Any]:
-    """user (2 partitions) -> item (unpartitioned: the item table and its row accumulators are
-    shared parameters); 4 dynamic relations, 2 per bucket."""
-    from test_dist_sharing import planted, write_buckets
-
-    rng = np.random.default_rng(2)
-
-    def bucket(p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = [planted(rng, USERS, ITEMS, 10000, r) for r in (2 * p, 2 * p + 1)]
-        lhs, rel, rhs = (np.concatenate(cols) for cols in zip(*parts, strict=True))
-        return lhs, rel, rhs
-
-    write_buckets(
-        root,
-        {"user": [USERS, USERS], "item": [ITEMS]},
-        [f"r{k}" for k in range(4)],
-        True,
-        {(p, 0): bucket(p) for p in (0, 1)},
-        (2, 1),
-    )
-    return {
-        "entities": {"user": {"num_partitions": 2}, "item": {"num_partitions": 1}},
-        "relations": [{"name": "all", "lhs": "user", "rhs": "item", "operator": "diagonal"}],
-    }
+NODES = 200
 
 
 def _relations_graph(root: Path) -> dict[str, Any]:
@@ -262,7 +230,6 @@ def _relations_graph(root: Path) -> dict[str, Any]:
     relation operators and their Adagrad state only, and each trainer's accumulator rows of the
     relations it has not trained yet sit at 0 while other rows move (the case that gave NaN
     when quantization pushed them below 0)."""
-    from test_dist_sharing import planted, write_buckets
 
     rng = np.random.default_rng(1)
     parts = 4
@@ -277,71 +244,10 @@ def _relations_graph(root: Path) -> dict[str, Any]:
     return {"num_partitions": parts}
 
 
-def _launch(
-    root: Path,
-    graph: dict[str, Any],
-    precision: str,
-    strategy: str = "async_ps",
-    ranks: int = 2,
-    overrides: tuple[str, ...] = (),
-) -> tuple[dict[str, torch.Tensor], tuple[float, float], list[float]]:
-    """A ``bigembed launch`` of ``ranks`` trainers (1: ``bigembed train``) on the graph under
-    ``root``; returns the committed model
-    (and unpartitioned tables' embeddings and accumulators), the withheld edges' MRR and AUC in
-    the last 3 epochs and, per trainer, the shared-parameter bytes per sharer round."""
-    from bigembed.checkpoints.store import CheckpointStore
-    from synthetic import graph_config
-    from test_dist import TIMEOUT, run
-    from test_dist_sharing import save_config
-
-    cfg = graph_config(
-        root,
-        **graph,
-        num_epochs=EPOCHS,
-        dimension=16,
-        eval_fraction=0.1,
-        num_partition_servers=0,  # only the shared parameters cross the network
-        # These runs test learning, not fault detection: a deadline that a loaded CI machine
-        # (two test files at once) cannot trip on a slow but healthy synchronous round.
-        distributed_timeout=4 * TIMEOUT,
-        checkpoint_path=str(root / f"{strategy}-{precision}-{ranks}"),
-    )
-    cfg_path = save_config(root, cfg)
-    argv = ["launch", str(cfg_path), "-n", str(ranks), "-p", f"communication.precision={precision}"]
-    argv += ["-p", f"communication.strategy={strategy}"]
-    for override in overrides:
-        argv += ["-p", override]
-    if ranks == 1:  # one machine: `bigembed train`, no communication
-        argv = ["train", str(cfg_path), "--no-progress", *argv[4:]]
-    out = run(argv)
-    assert out.returncode == 0, out.stdout + out.stderr
-    per_round = [
-        (int(sent) + int(received)) / int(rounds)
-        for codec, rounds, sent, received in _SHARED.findall(out.stdout + out.stderr)
-        if codec == precision
-    ]
-    if ranks > 1:
-        assert len(per_round) == ranks, out.stdout + out.stderr  # one line per trainer
-    store = CheckpointStore(cfg.checkpoint_path)
-    version = store.committed_version()
-    values = dict(store.load_model(version)["model"])
-    for etype, ent in cfg.entities.items():
-        if ent.num_partitions == 1:
-            emb, state = torch.empty(ITEMS, 16), torch.empty(ITEMS)
-            store.load_partition(etype, 0, version, emb, state)
-            values.update({f"{etype}_emb": emb, f"{etype}_state": state})
-    rows = [r for r in store.read_stats() if r["type"] == "bucket" and r["epoch_idx"] >= EPOCHS - 3]
-    if ranks > 1:  # every trainer trained (and shared)
-        assert {r["trainer"] for r in rows} == set(range(ranks)), rows
-    count = sum(r["eval_stats_after"]["count"] for r in rows)
-    mrr, auc = (
-        sum(r["eval_stats_after"][m] * r["eval_stats_after"]["count"] for r in rows) / count
-        for m in ("mrr", "auc")
-    )
-    return values, (mrr, auc), per_round
-
-
-@pytest.mark.parametrize("make_graph", [_items_graph, _relations_graph], ids=["items", "relations"])
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "make_graph", [write_items_graph, _relations_graph], ids=["items", "relations"]
+)
 def test_int8_training_matches_fp32_with_3x_fewer_bytes(
     tmp_path: Path, make_graph: Callable[[Path], dict[str, Any]]
 ) -> None:
@@ -349,8 +255,8 @@ def test_int8_training_matches_fp32_with_3x_fewer_bytes(
     values and accumulators >= 0, its withheld MRR is within 0.02 of the fp32 run's on the same
     graph and seed, and a sharer round moves >= 3x fewer bytes than with fp32."""
     graph = make_graph(tmp_path)
-    int8, (int8_mrr, int8_auc), int8_bytes = _launch(tmp_path, graph, "int8")
-    fp32, (fp32_mrr, fp32_auc), fp32_bytes = _launch(tmp_path, graph, "fp32")
+    int8, (int8_mrr, int8_auc), int8_bytes = launch_ranks(tmp_path, graph, "int8")
+    fp32, (fp32_mrr, fp32_auc), fp32_bytes = launch_ranks(tmp_path, graph, "fp32")
     assert int8.keys() == fp32.keys()
     for name, got in int8.items():
         assert bool(torch.isfinite(got).all()), name

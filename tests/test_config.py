@@ -722,6 +722,7 @@ def test_cli_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert "  half_precision: true is refused (use compute_dtype: bfloat16)" in out
 
 
+@pytest.mark.integration
 def test_cli_bad_config_subprocess(tmp_path: Path) -> None:
     data = base()
     data["relations"][2]["lhs"] = "usr"

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bigembed.cli import main as cli_main
+
+pytestmark = pytest.mark.integration  # each drawn config runs the CLI; some with Hogwild workers
 
 OPERATORS = ("none", "diagonal", "translation", "linear", "affine", "complex_diagonal")
 COMPARATORS = ("dot", "cos", "l2", "squared_l2")

@@ -18,7 +18,7 @@ from bigembed.cli import main as cli_main
 from bigembed.importing.publish import Publisher
 from bigembed.output_paths import STAGING_MARKER, claim_staging
 from bigembed.storage import EdgeStore, EntityStore
-from graph_helpers import random_edges, write_config, write_tsv
+from support.imports import random_edges, write_config, write_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -299,6 +299,7 @@ def test_edge_store_of_another_import_is_refused(project: Path, tmp_path: Path, 
     assert code == 2 and want in _one_line(err)
 
 
+@pytest.mark.integration
 def test_edges_of_another_relation_list_are_refused(tmp_path: Path, capsys) -> None:
     """Relation ids index the config's relations at import time: a config whose list changed
     since (a relation dropped, the order changed) is refused with one line, by train (with
@@ -372,6 +373,7 @@ def _fake_dead_staging(path: Path) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_next_import_removes_only_dead_marked_staging_dirs(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path)
     data = write_tsv(tmp_path / "in.tsv", random_edges(50, 10, ["r"]))
@@ -396,6 +398,7 @@ def test_next_import_removes_only_dead_marked_staging_dirs(tmp_path: Path, capsy
         claim.release()
 
 
+@pytest.mark.integration
 def test_killed_import_is_cleaned_up_by_the_next(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     data = write_tsv(tmp_path / "in.tsv", random_edges(200_000, 50_000, ["r"], seed=3))
@@ -587,6 +590,7 @@ def _read_only_dir(path: Path) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_read_only_outputs_give_one_line_errors(project: Path, tmp_path: Path, capsys) -> None:
     ro = _read_only_dir(tmp_path / "ro")
     try:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bigembed.cli import main as cli_main
+
+# no process of its own, but the whole demo job on FB15k-237: minutes, not an inner-loop test
+pytestmark = pytest.mark.integration
 
 
 def test_demo_end_to_end(tmp_path: Path, capsys) -> None:

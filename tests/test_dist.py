@@ -9,16 +9,13 @@ not assumed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,121 +24,20 @@ import pytest
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication.param_server import ShardPlan
-from bigembed.config import config_to_dict
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
-from synthetic import graph_config, write_graph
-
-CLI = [sys.executable, "-m", "bigembed.cli"]
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "TORCH_CPP_LOG_LEVEL": "ERROR",
-    "PYTHONUNBUFFERED": "1",
-}
-TIMEOUT = 5.0  # distributed_timeout of the multi-process tests
-
-
-# ---------------------------------------------------------------------- helpers
-def read_events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def check_events(events: list[dict[str, Any]]) -> dict[int, Counter]:
-    """Replay a lock-server log: no partition is ever held by two trainers, and every pass
-    of every run hands out each bucket at most once. Returns, for the last run, the buckets
-    acquired per iteration."""
-    holder: dict[tuple[str, int], int] = {}
-    granted: dict[int, Counter] = {}
-    for e in events:  # file order is the lock server's decision order
-        kind = e["event"]
-        if kind == "run_start":
-            holder, granted = {}, {}
-        elif kind == "acquire":
-            for t, p in e["partitions"]:
-                other = holder.get((t, p), e["trainer"])
-                assert other == e["trainer"], f"partition {(t, p)} held by {other} and {e}"
-                holder[(t, p)] = e["trainer"]
-            granted.setdefault(e["iteration"], Counter())[tuple(e["bucket"])] += 1
-        elif kind == "release":
-            for t, p in e["partitions"]:
-                assert holder.get((t, p)) == e["trainer"], f"release of an unheld partition: {e}"
-                del holder[(t, p)]
-        elif kind == "pass_start":
-            assert not holder, f"partitions still held at {e}: {holder}"
-    for it, counts in granted.items():
-        assert max(counts.values()) == 1, f"iteration {it}: a bucket was trained twice: {counts}"
-    return granted
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def make_graph(root: Path, **overrides: Any) -> tuple[Path, Any]:
-    """A 4-partition planted graph and its config file (num_machines is set per command)."""
-    if not (root / "edges").exists():
-        write_graph(root, num_entities=300, num_edges=12000, num_partitions=4, seed=3)
-    settings = {
-        "num_partitions": 4,
-        "num_epochs": 3,
-        "dimension": 16,
-        "eval_fraction": 0.1,
-        "distributed_timeout": TIMEOUT,
-        **overrides,
-    }
-    cfg = graph_config(root, **settings)
-    path = root / f"config_{Path(cfg.checkpoint_path).name}.json"
-    path.write_text(json.dumps(config_to_dict(cfg)))
-    return path, cfg
-
-
-def run(args: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=ENV, timeout=timeout, **kw
-    )
-
-
-def start_rank(
-    cfg_path: Path,
-    rank: int,
-    port: int,
-    *extra: str,
-    env: dict[str, str] | None = None,
-    cli: list[str] = CLI,
-) -> subprocess.Popen[str]:
-    """Rank ``rank`` of a 2-trainer run on 127.0.0.1:``port`` (``env``: default ENV; ``cli``:
-    the command line before ``train``, default ``python -m bigembed.cli``)."""
-    return subprocess.Popen(
-        [
-            *cli,
-            "train",
-            str(cfg_path),
-            "--rank",
-            str(rank),
-            "--no-progress",
-            "-p",
-            "num_machines=2",
-            "-p",
-            f"distributed_init_method=tcp://127.0.0.1:{port}",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=ENV if env is None else env,
-        start_new_session=True,
-    )
-
-
-def bucket_records(cfg: Any) -> dict[int, list[tuple[int, int]]]:
-    out: dict[int, list[tuple[int, int]]] = {}
-    for r in CheckpointStore(cfg.checkpoint_path).read_stats():
-        if r["type"] == "bucket":
-            out.setdefault(r["version"], []).append((r["lhs_partition"], r["rhs_partition"]))
-    return out
+from support.ranks import (
+    CLI,
+    ENV,
+    TIMEOUT,
+    bucket_records,
+    check_events,
+    free_port,
+    make_graph,
+    read_events,
+    run,
+    start_rank,
+)
 
 
 def withheld_mrr(cfg: Any) -> float:
@@ -282,6 +178,7 @@ def test_rank_layout() -> None:
 
 
 # ---------------------------------------------------------------------- multi-process runs
+@pytest.mark.integration
 def test_two_and_four_ranks_match_single_machine(tmp_path: Path) -> None:
     single_path, single = make_graph(tmp_path, num_epochs=6, checkpoint_path=str(tmp_path / "one"))
     done = run(["train", str(single_path), "--no-progress"])
@@ -314,6 +211,7 @@ def test_two_and_four_ranks_match_single_machine(tmp_path: Path) -> None:
         assert abs(mrr_single - mrr_dist) < 0.02, (ranks, mrr_single, mrr_dist)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("ranks", "servers"), [(4, -1), (2, 0), (2, 1)])
 def test_partition_server_modes(tmp_path: Path, ranks: int, servers: int) -> None:
     """4 trainers hosting partition servers; 2 trainers swapping through the checkpoint dir;
@@ -332,6 +230,7 @@ def test_partition_server_modes(tmp_path: Path, ranks: int, servers: int) -> Non
         assert "[parts 0]" in out.stdout
 
 
+@pytest.mark.integration
 def test_kill9_one_rank_stops_all_then_restart_resumes(tmp_path: Path) -> None:
     cfg_path, cfg = make_graph(tmp_path, num_epochs=12)
     store = CheckpointStore(cfg.checkpoint_path)
@@ -370,6 +269,7 @@ def test_kill9_one_rank_stops_all_then_restart_resumes(tmp_path: Path) -> None:
     assert not [p for p in Path(cfg.checkpoint_path).iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.integration
 def test_launch_stops_the_others_when_a_rank_dies(tmp_path: Path) -> None:
     cfg_path, cfg = make_graph(tmp_path, num_epochs=200)
     launcher = subprocess.Popen(
@@ -418,6 +318,7 @@ def _is_zombie(pid: int) -> bool:
     return True
 
 
+@pytest.mark.integration
 def test_mismatched_configs_are_refused(tmp_path: Path) -> None:
     cfg_path, _ = make_graph(tmp_path)
     port = free_port()
@@ -429,6 +330,7 @@ def test_mismatched_configs_are_refused(tmp_path: Path) -> None:
         assert "Traceback" not in out
 
 
+@pytest.mark.integration
 def test_port_in_use_and_unreachable_store(tmp_path: Path) -> None:
     cfg_path, _ = make_graph(tmp_path, distributed_timeout=0.5)
     with socket.socket() as busy:
@@ -446,6 +348,7 @@ def test_port_in_use_and_unreachable_store(tmp_path: Path) -> None:
     assert time.monotonic() - started < 40
 
 
+@pytest.mark.integration
 def test_checkpoint_dir_must_be_shared(tmp_path: Path) -> None:
     """Rank 1 sees a private (tmpfs) checkpoint directory: both ranks stop, naming the cause."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -520,6 +423,7 @@ def two_namespaces():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+@pytest.mark.integration
 def test_two_ranks_in_two_network_namespaces(tmp_path: Path, two_namespaces) -> None:
     cfg_path, cfg = make_graph(tmp_path, num_epochs=2)
     method = f"distributed_init_method=tcp://{ADDRS[0]}:29531"

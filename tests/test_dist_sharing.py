@@ -10,7 +10,6 @@ injected clock.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
@@ -19,79 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication.param_server import ParameterServer, ShardPlan, gather
 from bigembed.communication.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
-from bigembed.config import config_to_dict, model_spec
+from bigembed.config import model_spec
 from bigembed.model.scoring import ScoringModel
-from bigembed.storage.edges import write_edge_manifest
-from bigembed.storage.entities import write_entity_store
-from bigembed.storage.format import bucket_dir
 from bigembed.train.memory.partitions import init_embeddings
-from synthetic import graph_config
-from test_dist import CLI, ENV, TIMEOUT, check_events, free_port, read_events, run
-
-# ---------------------------------------------------------------------- graphs
-Edges = tuple[np.ndarray, np.ndarray, np.ndarray]  # lhs offsets, rel ids, rhs offsets
-
-
-def write_buckets(
-    root: Path,
-    counts: dict[str, list[int]],
-    relation_names: list[str],
-    dynamic: bool,
-    buckets: dict[tuple[int, int], Edges],
-    nparts: tuple[int, int],
-) -> None:
-    """An entity store with ``counts[type][part]`` entities and the given buckets' edges."""
-    names = {
-        t: [pa.array([f"{t}{p}_{k}" for k in range(n)]) for p, n in enumerate(parts)]
-        for t, parts in counts.items()
-    }
-    write_entity_store(
-        root / "entities",
-        names=names,
-        relation_names=relation_names,
-        dynamic_relations=dynamic,
-        seed=0,
-    )
-    edir = root / "edges"
-    table = np.zeros(nparts, np.int64)
-    for (i, j), (lhs, rel, rhs) in buckets.items():
-        d = edir / bucket_dir(i, j)
-        d.mkdir(parents=True, exist_ok=True)
-        np.save(d / "lhs.npy", lhs.astype(np.int32))
-        np.save(d / "rhs.npy", rhs.astype(np.int32))
-        np.save(d / "rel.npy", rel.astype(np.int32))
-        table[i, j] = len(lhs)
-    dtypes = {k: np.dtype(np.int32) for k in ("lhs", "rhs", "rel")}
-    write_edge_manifest(edir, bucket_counts=table, dtypes=dtypes, has_weights=False)
-
-
-def planted(
-    rng: np.random.Generator,
-    n_lhs: int,
-    n_rhs: int,
-    n: int,
-    rel: int,
-    rhs_lo: int = 0,
-    rhs_hi: int | None = None,
-) -> Edges:
-    """Learnable edges: rhs = lhs * 3 + noise, folded into [rhs_lo, rhs_hi)."""
-    hi = n_rhs if rhs_hi is None else rhs_hi
-    lhs = rng.integers(0, n_lhs, n)
-    rhs = rhs_lo + (lhs * 3 + rng.integers(0, 2, n)) % (hi - rhs_lo)
-    return lhs, np.full(n, rel), rhs
-
-
-def save_config(root: Path, cfg: Any) -> Path:
-    path = root / "config.json"
-    path.write_text(json.dumps(config_to_dict(cfg)))
-    return path
+from support.graphs import graph_config, planted, save_config, write_buckets
+from support.ranks import CLI, ENV, TIMEOUT, check_events, free_port, read_events, run
 
 
 def trainers_per(cfg: Any, key: str) -> dict[int, set[int]]:
@@ -142,6 +79,7 @@ def finish(procs: list[subprocess.Popen[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- end to end
+@pytest.mark.integration
 def test_relation_parameters_reach_the_checkpoint_only_by_sharing(tmp_path: Path) -> None:
     """Relation p lives only in bucket (p, p) of 4 partitions: the buckets are disjoint, so two
     trainers run them side by side, and rank 0 writes the model (a snapshot after each of 2
@@ -198,6 +136,7 @@ def test_relation_parameters_reach_the_checkpoint_only_by_sharing(tmp_path: Path
                 assert grown > 0, f"{where}: Adagrad state did not grow"
 
 
+@pytest.mark.integration
 def test_unpartitioned_entities_merge_rows_from_both_trainers(tmp_path: Path) -> None:
     """user (2 partitions) -> item (unpartitioned, on the parameter servers), 2 Hogwild workers
     per rank, ranks joined through env://. Users of partition p only meet items of half p, so
@@ -252,9 +191,10 @@ def test_unpartitioned_entities_merge_rows_from_both_trainers(tmp_path: Path) ->
         assert float((state[rows] > 0).float().mean()) > 0.9, (p, by_half[p])
 
 
+@pytest.mark.integration
 def test_file_init_method(tmp_path: Path) -> None:
     """Two ranks rendezvous through a FileStore (file://), train 2 epochs, remove the file."""
-    from test_dist import bucket_records, make_graph
+    from support.ranks import bucket_records, make_graph
 
     cfg_path, cfg = make_graph(tmp_path, num_epochs=2)
     store_file = tmp_path / "rendezvous"
@@ -488,6 +428,7 @@ def _gloo_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.integration
 def test_two_processes_over_gloo_sum_exactly(tmp_path: Path) -> None:
     """Two ranks, each hosting a shard and running rounds over a real gloo group (loopback):
     after push, barrier, pull, both ranks hold initial + both ranks' increments, exactly, and

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from bigembed.cli import main as cli_main
-from synthetic import tiny_kg_config_file
+from support.graphs import tiny_kg_config_file
 
 
 def _setup(root: Path, **early: object) -> Path:

@@ -25,7 +25,8 @@ from bigembed.storage import EdgeStore
 from bigembed.train.hogwild.pool import ACK, HogwildPool, WorkerSetup
 from bigembed.train.memory.edge_buffers import PreparedEdges
 from bigembed.train.single_machine import Trainer
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
+from support.partition_stores import run_order, swapping_store
 
 NPARTS = 4
 
@@ -68,7 +69,7 @@ def _trained_edges(
     return trained, in_main
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.integration)])
 def test_read_ahead_reads_edges_off_the_training_thread_and_trains_the_same_edges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
@@ -132,6 +133,7 @@ def _mapped_inodes(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.integration
 def test_workers_keep_what_they_were_sent_and_drop_an_evicted_table_before_it_is_freed() -> None:
     pool = _pool()
     sent: list[Any] = []
@@ -179,13 +181,11 @@ def test_workers_keep_what_they_were_sent_and_drop_an_evicted_table_before_it_is
 def test_the_store_counts_a_table_freed_only_after_its_release(tmp_path: Path) -> None:
     """The write-back calls what ``on_release`` returned (the workers' drop) after writing the
     table and before the table leaves the count of tables alive."""
-    from test_partition_buffer import _run_order, _store
-
-    store = _store(tmp_path, capacity=2, background=True)
+    store = swapping_store(tmp_path, capacity=2, background=True)
     assert store.events is not None
     events = store.events
     store.on_release = lambda key, table: lambda: events.append(("released", key))
-    _run_order(store, [(0, 1), (2, 3), (0, 2), (1, 3)])
+    run_order(store, [(0, 1), (2, 3), (0, 2), (1, 3)])
     store.drain()
     queued = [k for kind, k in events if kind == "write_queued"]
     assert queued, "it swapped"

@@ -12,14 +12,17 @@ import pytest
 from bigembed.checkpoints import VERSION_FILE
 from bigembed.cli import main as cli_main
 from bigembed.eval.report import evaluate_checkpoint
-from evalkit import trained_graph, write_config_file
+from support.checkpoints import TrainedRing, write_config_file
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("evalcli")
-    cfg, edges = trained_graph(root)
-    return root, cfg, edges, write_config_file(cfg, root / "config.json")
+def model(trained_checkpoint: TrainedRing):
+    return (
+        trained_checkpoint.root,
+        trained_checkpoint.config,
+        trained_checkpoint.edges,
+        trained_checkpoint.config_file,
+    )
 
 
 def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -164,6 +167,7 @@ def _run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_failing_eval_exits_cleanly_every_time(model, tmp_path: Path) -> None:
     """A bad input is exit status 2 and one line, never an abort at exit (status 134): Arrow's
     read-ahead threads must have let go of every Python object before the interpreter ends."""

@@ -12,7 +12,7 @@ from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.tables import EntityTables
 from bigembed.ranking.filters import KnownEdges
 from bigembed.ranking.full import EvalEdges, rank_edges
-from evalkit import USER_ITEM_RELATIONS, make_config, user_item_config, write_checkpoint
+from support.checkpoints import USER_ITEM_RELATIONS, make_config, user_item_config, write_checkpoint
 
 
 def _rank(cfg, edges: EvalEdges, known: KnownEdges | None, **kw):
@@ -199,7 +199,7 @@ def test_several_entity_types_rank_against_their_own_type(tmp_path: Path) -> Non
     and the ranks agree with scores computed one pair at a time through the query API."""
     import bigembed
     from bigembed.eval.report import evaluate_checkpoint
-    from evalkit import write_graph
+    from support.checkpoints import write_graph
 
     users = [["u0", "u1", "u2"], ["u3", "u4"]]
     items = [["i0", "i1", "i2", "i3"]]

@@ -163,6 +163,7 @@ def test_scores_as_low_as_a_mask_are_counted_one_by_one() -> None:
     assert want.auc_sum < want.count  # some negatives rank below some positives
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("steal", [True, False])
 def test_the_workers_rank_an_eval_as_the_main_process_does(steal: bool) -> None:
     """The workers score with the native kernel where it applies (as the main process does

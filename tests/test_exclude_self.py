@@ -12,7 +12,7 @@ from bigembed.cli import main as cli_main
 from bigembed.config import load_config
 from bigembed.eval.report import evaluate_checkpoint
 from bigembed.serving import load
-from graph_helpers import random_edges, write_config, write_tsv
+from support.imports import random_edges, write_config, write_tsv
 
 N = 30
 

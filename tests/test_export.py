@@ -13,7 +13,7 @@ import torch
 from bigembed.cli import main as cli_main
 from bigembed.errors import InputError, OutputExistsError
 from bigembed.export import export_checkpoint
-from evalkit import (
+from support.checkpoints import (
     USER_ITEM_RELATIONS,
     make_config,
     user_item_config,

@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 
 from bigembed.checkpoints.store import CheckpointStore
-from test_dist import CLI, ENV, free_port, make_graph, read_events, start_rank
+from support.ranks import CLI, ENV, free_port, make_graph, read_events, start_rank
+
+pytestmark = pytest.mark.integration  # distributed ranks as subprocesses
 
 T = 8.0  # distributed_timeout of these runs
 MARGIN = 12.0  # after T: the exit path (at most ~4 s) plus a loaded 2-core machine
@@ -342,7 +344,7 @@ def test_link_down_between_the_ranks_stops_both(tmp_path: Path, namespace_pair) 
 def test_forged_abort_is_named_as_such_with_a_secret(tmp_path: Path) -> None:
     """With a secret, a stranger can still stop the run (the store is open), but cannot make
     the ranks print its text as if a member had failed."""
-    from test_security import SECRET, _connect
+    from support.ranks import SECRET, connect_store
 
     cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
     port = free_port()
@@ -350,7 +352,7 @@ def test_forged_abort_is_named_as_such_with_a_secret(tmp_path: Path) -> None:
     procs = [start_rank(cfg_path, r, port, env=env) for r in (0, 1)]
     try:
         _wait_training(cfg, procs)
-        _connect(port).set("abort", "rank 1 (trainer) failed: disk on fire")
+        connect_store(port).set("abort", "rank 1 (trainer) failed: disk on fire")
         outs = [_wait_exit(p, T + MARGIN, f"rank {r}") for r, p in enumerate(procs)]
     finally:
         _kill_all(procs)

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from bigembed.datasets import fb15k237_files
 from bigembed.storage import EdgeStore, EntityStore
-from graph_helpers import do_import, leftovers, random_edges, read_back, write_config, write_tsv
+from support.imports import do_import, leftovers, random_edges, read_back, write_config, write_tsv
 
 
 def test_round_trip_every_edge_once_in_its_bucket(tmp_path: Path) -> None:
@@ -267,6 +268,7 @@ def test_edge_paths_inside_entity_path_like_pbg(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.integration
 def test_cli_subprocess_exit_codes(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bigembed.cli import main
-from graph_helpers import leftovers, write_config
+from support.imports import leftovers, write_config
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ from bigembed.checkpoints.reading import load_trained, open_entity_store
 from bigembed.cli import main as cli_main
 from bigembed.errors import BigembedError, OutputExistsError
 from bigembed.interop.pbg import BIGEMBED_ONLY_KEYS, from_pbg, to_pbg
-from evalkit import make_config, trained_graph, write_checkpoint, write_graph
+from support.checkpoints import make_config, trained_graph, write_checkpoint, write_graph
 
 h5py = pytest.importorskip("h5py")
 

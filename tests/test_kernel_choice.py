@@ -21,7 +21,7 @@ from bigembed.kernels.native.choice import choose_kernel
 from bigembed.model.scoring import NegativeSettings, ScoringModel
 from bigembed.model.spec import ModelSpec, RelationSpec
 from bigembed.train.records import StepLog, StepRecord, merge_step_logs, parse_records
-from synthetic import write_graph
+from support.graphs import write_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ from bigembed.errors import ConfigError
 from bigembed.model import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings, all_entities
 from bigembed.model.all_entities import all_entity_softmax_loss
 from bigembed.model.spec import ModelSpec, RelationSpec
-from stepkit import fresh_tables, fresh_trainer, perturbed_model
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
+from support.steps import fresh_tables, fresh_trainer, perturbed_model
 
 
 @pytest.mark.parametrize("store", [True, False])
@@ -180,7 +180,7 @@ def test_kvsall_config() -> None:
         parse_config_dict(data, "x.yaml")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.integration)])
 def test_kvsall_training_learns_and_counts_every_edge_once(tmp_path: Path, workers: int) -> None:
     """End to end (one worker; two Hogwild workers taking planned batches): the loss per edge
     falls over epochs and each epoch reports every training edge once."""

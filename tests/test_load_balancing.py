@@ -26,8 +26,8 @@ from bigembed.config import parse_config_dict
 from bigembed.distributed.lock_server import BucketScheduler, EventLog, PassPlan
 from bigembed.train.hogwild.pool import BatchQueue
 from bigembed.train.memory.cost import CostModel, analytic_per_edge, bucket_costs, signature_of
-from synthetic import graph_config, write_graph
-from test_dist import ENV, check_events, read_events
+from support.graphs import graph_config, write_graph
+from support.ranks import ENV, check_events, read_events
 
 Bucket = tuple[int, int]
 
@@ -403,6 +403,7 @@ def _take_all(queue: BatchQueue, n: int, out: Any) -> None:
     out.put(got)
 
 
+@pytest.mark.integration
 def test_batch_queue_hands_out_each_batch_once() -> None:
     """Three processes drain one queue: together they take 0..n-1, each exactly once; after a
     reset the next bucket starts at 0 again."""
@@ -442,6 +443,7 @@ def _train_cli(tmp_path: Path, **over: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stats.read_text().splitlines()]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["cost", "pbg"])
 def test_two_workers_train_every_edge_once_with_pbg_defaults(tmp_path: Path, policy: str) -> None:
     """PBG's defaults (loss, negatives, batch size, hogwild_delay), 2 workers, both policies:
@@ -498,6 +500,7 @@ def _two_worker_pool(steal: bool):
     return HogwildPool(setup, 2, steal=steal), table, lhs, rhs, rel
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("steal", [True, False])
 def test_a_delayed_worker_takes_less_when_stealing(steal: bool) -> None:
     """Worker 1 starts 5 s late (``hogwild_delay``): with work stealing worker 0 trains what it
@@ -544,6 +547,7 @@ def test_bucket_timing_leaves_the_eval_before_the_bucket_out_of_the_workers_time
         assert b["seconds"] - b["load_seconds"] - b["train_seconds"] >= 0.3, b
 
 
+@pytest.mark.integration
 def test_an_abandoned_pool_kills_busy_workers_without_waiting_for_their_task() -> None:
     """An error or an interrupt in the middle of a step throws the step's work away: closing
     the pool then kills the workers at once instead of waiting (up to its 5 s deadline) for

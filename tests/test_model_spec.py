@@ -180,6 +180,7 @@ def test_model_pickles_with_its_spec() -> None:
         assert torch.allclose(out.loss, want)  # the spec's loss, with the spec's margin
 
 
+@pytest.mark.integration
 def test_loading_a_config_does_not_import_torch() -> None:
     """The registries and ModelSpec are torch-free: `bigembed import`/`config` stay fast."""
     code = (

@@ -21,9 +21,12 @@ import pytest
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import config_to_dict
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+pytestmark = [
+    pytest.mark.integration,  # `bigembed train` as a subprocess, killed
+    pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc"),
+]
 
 MARK = "BIGEMBED_ORPHAN_TEST"
 # How long the orphans may take to notice and exit: a worker killed before its guard is in

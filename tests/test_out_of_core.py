@@ -10,11 +10,7 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,15 +18,12 @@ import pytest
 import torch
 
 from bigembed.checkpoints.store import CheckpointStore
-from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.train.loop import Iteration, _mix
 from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.memory.partitions import PartitionKey, PartitionStore
 from bigembed.train.single_machine import Trainer
-from synthetic import budget_for, graph_config, write_graph
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from tree_memory import TreeMemory
+from support.graphs import budget_for, graph_config, write_graph
+from support.tree_memory import train_measured
 
 NPARTS = 4
 
@@ -112,25 +105,7 @@ def test_buckets_run_in_the_configured_order(tmp_path: Path, order: str) -> None
 
 
 # ---------------------------------------------------------------------- real memory
-def train_measured(cfg: ConfigSchema, tmp_path: Path) -> tuple[str, TreeMemory]:
-    """``bigembed train`` on ``cfg`` (one torch thread per process) with its process tree's
-    memory sampled throughout; its stderr and the sampler, once it succeeded."""
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config_to_dict(cfg)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    with TreeMemory(proc.pid) as mem:
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out + err
-    return err, mem
-
-
+@pytest.mark.integration
 def test_two_workers_real_memory_stays_out_of_core(tmp_path: Path) -> None:
     """4 partitions of 30 MB (embeddings + Adagrad state) and 2 Hogwild workers: the tables live
     in shared memory, and the process tree's peak of it stays near 2 partitions (a bucket's

@@ -23,7 +23,6 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -38,8 +37,9 @@ from bigembed.train.memory.bucket_order import bucket_order
 from bigembed.train.memory.budget import plan_memory
 from bigembed.train.memory.partitions import PartitionStore, init_embeddings
 from bigembed.train.single_machine import Trainer
-from synthetic import budget_for, graph_config, write_graph
-from test_out_of_core import train_measured
+from support.graphs import budget_for, graph_config, write_graph
+from support.partition_stores import SlowWriterStore, run_order, small_store, swapping_store
+from support.tree_memory import train_measured
 
 NPARTS = 6
 
@@ -52,20 +52,6 @@ class InMemoryStore(PartitionStore):
 
     def _make_room(self, protect: set[PartitionKey]) -> bool:
         return True
-
-
-class SlowWriterStore(PartitionStore):
-    """Records its events; every write-back takes a while, so reads overlap with it."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, record_events=True, **kwargs)  # type: ignore[arg-type]
-        SlowWriterStore.last = self
-
-    last: SlowWriterStore
-
-    def _save(self, key: PartitionKey, table: Table) -> None:
-        time.sleep(0.02)
-        super()._save(key, table)
 
 
 def _final(cfg) -> dict[str, torch.Tensor]:
@@ -123,46 +109,11 @@ def test_buffered_background_swapping_is_bit_identical(tmp_path: Path, capacity:
     assert not changed, f"buffered swapping changed {changed}"
 
 
-def _small_store(
-    path: Path, nparts: int, rows: int, kind: type[PartitionStore] = SlowWriterStore, **options: Any
-) -> PartitionStore:
-    """A fresh run's store (version 1, nothing committed) of ``nparts`` partitions of ``rows``
-    rows of one type at d=4, in private memory; ``options``: capacity, background, remote..."""
-    return kind(
-        {("node", p): rows for p in range(nparts)},
-        {"node": 4},
-        CheckpointStore(path),
-        committed=0,
-        working=1,
-        init_source=None,
-        init_scale=0.1,
-        seed=1,
-        shared=False,
-        **options,
-    )
-
-
-def _store(tmp_path: Path, capacity: int, background: bool) -> PartitionStore:
-    return _small_store(
-        tmp_path / f"ck{capacity}{background}", 8, 50, capacity=capacity, background=background
-    )
-
-
-def _run_order(store: PartitionStore, order: list[tuple[int, int]]) -> None:
-    keys = [{("node", i), ("node", j)} for i, j in order]
-    store.plan(keys)
-    for k in keys:
-        tables = store.ensure(k)
-        for t in tables.values():
-            t.emb.add_(1.0)  # "training": the value read back must carry it
-    store.flush()
-
-
 def test_store_never_reads_a_partition_before_its_write_back(tmp_path: Path) -> None:
     """Straight on the store, a plan that evicts partitions and needs them again soon."""
     order = bucket_order("random", 8, 8, random.Random(2))
-    store = _store(tmp_path, 3, background=True)
-    _run_order(store, order)
+    store = swapping_store(tmp_path, 3, background=True)
+    run_order(store, order)
     assert store.events is not None
     _never_read_while_writing(store.events)
     assert store.peak_tables <= 3
@@ -170,7 +121,7 @@ def test_store_never_reads_a_partition_before_its_write_back(tmp_path: Path) -> 
     for p in range(8):
         uses = sum((i == p) + (j == p) - (i == j == p) for i, j in order)
         table = store.read(("node", p))
-        fresh = _store(tmp_path / "fresh", 3, background=False).read(("node", p))
+        fresh = swapping_store(tmp_path / "fresh", 3, background=False).read(("node", p))
         assert torch.allclose(table.emb, fresh.emb + uses), p
 
 
@@ -178,7 +129,7 @@ def test_a_partition_given_back_is_read_again_only_after_its_write_back(tmp_path
     """A managed store with room to spare (no read waits for write-backs to free memory):
     a partition given back and needed again at once is still read only after its own
     write-back completed, and the value read carries the update made before."""
-    store = _small_store(tmp_path / "ck", 4, 20, capacity=4, managed=True, background=True)
+    store = small_store(tmp_path / "ck", 4, 20, capacity=4, managed=True, background=True)
     assert store.events is not None
     a, b, c = ("node", 0), ("node", 1), ("node", 2)
     for table in store.ensure({a, b}).values():
@@ -188,7 +139,7 @@ def test_a_partition_given_back_is_read_again_only_after_its_write_back(tmp_path
     store.drain()
     _never_read_while_writing(store.events)
     assert ("write_end", a) in store.events and store.events.count(("load_start", a)) == 2
-    fresh = _small_store(tmp_path / "fresh", 4, 20, PartitionStore).read(a)
+    fresh = small_store(tmp_path / "fresh", 4, 20, PartitionStore).read(a)
     assert torch.allclose(tables[a].emb, fresh.emb + 1.0)
 
 
@@ -202,7 +153,7 @@ def test_the_store_evicts_the_leaving_partition_early_within_its_capacity(
     write-back, and every bucket's update reaches the checkpoint."""
     nparts, capacity = 12, 4
     order = bucket_order("buffer", nparts, nparts, random.Random(5), capacity, read_ahead=True)
-    store = _small_store(tmp_path / "ck", nparts, 30, capacity=capacity, background=True)
+    store = small_store(tmp_path / "ck", nparts, 30, capacity=capacity, background=True)
     assert store.events is not None
     started: list[int] = []  # where each bucket starts in the event log
     keys = [{("node", i), ("node", j)} for i, j in order]
@@ -231,7 +182,7 @@ def test_a_bucket_off_the_plan_takes_the_room_of_partitions_read_ahead(tmp_path:
     """Partitions read ahead for later planned buckets hold slots of the capacity; a bucket
     that needs them all (off the plan) makes them resident and evicts them rather than
     failing for want of room."""
-    store = _store(tmp_path, 2, background=True)
+    store = swapping_store(tmp_path, 2, background=True)
     store.plan([{("node", 0)}, {("node", 1)}, {("node", 2)}])
     store.ensure({("node", 0)})
     store.drain()
@@ -272,7 +223,7 @@ def test_a_written_back_table_is_freed_before_its_write_back_completes(
 
     monkeypatch.setattr(partition_io, "Job", ProbeJob)
     capacity = 3
-    store = _store(tmp_path, capacity, background=True)
+    store = swapping_store(tmp_path, capacity, background=True)
     allocate = store._allocate
 
     def counted(key: PartitionKey) -> Table:
@@ -451,8 +402,8 @@ def test_the_store_loads_fall_with_the_capacity(tmp_path: Path) -> None:
     loads = {}
     for c in (2, 4, 6):
         order = bucket_order("buffer", 8, 8, random.Random(1), c, read_ahead=True)
-        store = _store(tmp_path, c, background=True)
-        _run_order(store, order)
+        store = swapping_store(tmp_path, c, background=True)
+        run_order(store, order)
         loads[c] = store.loads
         assert store.peak_tables <= c
     assert loads[6] < loads[4] < loads[2], loads
@@ -526,6 +477,7 @@ def test_bad_memory_budget_names_the_key(value: object) -> None:
         parse_config_dict({**base, "memory_budget": value})
 
 
+@pytest.mark.integration
 def test_memory_stays_within_the_budget_with_read_ahead(tmp_path: Path) -> None:
     """6 partitions of 24 MB, 2 Hogwild workers, a budget that holds 4 of them: the tree's
     shared tables peak at 3-4 partitions (the buffer is used, read-ahead included, and never
@@ -573,7 +525,7 @@ def test_a_hanging_background_write_back_stops_within_the_deadline(tmp_path: Pat
     from bigembed.errors import PeerError
 
     remote = _HangingRemote()
-    store = _small_store(
+    store = small_store(
         tmp_path / "ck",
         4,
         20,
@@ -635,7 +587,7 @@ def check_transfers(ckpt: Path, ranks: int) -> list[dict]:
     partition as that trainer's: reads after the grant, write-backs complete before the
     release. With the no-two-holders rule (``check_events``) this is the invariant: nobody
     reads a partition before its previous holder's write-back is complete."""
-    from test_dist import read_events
+    from support.ranks import read_events
 
     spans = _holding(read_events(ckpt / "lock_events.jsonl"))
     locked = {key for _, key in spans}
@@ -655,6 +607,7 @@ def check_transfers(ckpt: Path, ranks: int) -> list[dict]:
     return transfers
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_distributed_overlap_never_reads_before_write_back(tmp_path: Path, prefetch: bool) -> None:
     """Two real trainers on 127.0.0.1, swapping through the shared checkpoint directory with
@@ -664,7 +617,7 @@ def test_distributed_overlap_never_reads_before_write_back(tmp_path: Path, prefe
     actually happened, no partition is read before its write-back is complete. (Without, it
     runs two epochs: the lock server's costs are analytic in the first pass, then seconds
     calibrated from the first step's buckets.)"""
-    from test_dist import check_events, free_port, make_graph, read_events, start_rank
+    from support.ranks import check_events, free_port, make_graph, read_events, start_rank
 
     epochs = 1 if prefetch else 2
     cfg_path, cfg = make_graph(

@@ -53,7 +53,7 @@ def test_server_refuses_a_change_to_a_partition_it_does_not_hold() -> None:
 
 
 def _launch(tmp_path: Path, precision: str) -> tuple[float, int, CheckpointStore]:
-    from test_dist import make_graph, run
+    from support.ranks import make_graph, run
 
     cfg_path, cfg = make_graph(
         tmp_path, num_epochs=4, checkpoint_path=str(tmp_path / precision), dimension=32
@@ -83,6 +83,7 @@ def _launch(tmp_path: Path, precision: str) -> tuple[float, int, CheckpointStore
     return mrr, net, store
 
 
+@pytest.mark.integration
 def test_compressed_transfers_learn_as_well_with_fewer_bytes_and_exact_checkpoints(
     tmp_path: Path,
 ) -> None:

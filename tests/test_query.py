@@ -14,14 +14,13 @@ import bigembed
 from bigembed.cli import main as cli_main
 from bigembed.errors import BigembedError, InputError
 from bigembed.serving import QueryError, UnknownNameError, example_predictions
-from evalkit import make_config, trained_graph, write_checkpoint, write_graph
+from support.checkpoints import TrainedRing, make_config, write_checkpoint, write_graph
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("query")
-    cfg, edges = trained_graph(root)
-    return cfg, edges, bigembed.load(cfg.checkpoint_path)
+def ring(trained_checkpoint: TrainedRing):
+    cfg = trained_checkpoint.config
+    return cfg, trained_checkpoint.edges, bigembed.load(cfg.checkpoint_path)
 
 
 def test_predicts_memorised_edges_on_both_sides(ring) -> None:
@@ -157,12 +156,14 @@ def test_cli_predict_and_similar(ring, capsys) -> None:
     assert "unknown entity 'zz'" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_import_bigembed_stays_cheap() -> None:
     code = "import sys, bigembed; print('torch' in sys.modules); print(callable(bigembed.load))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
 
 
+@pytest.mark.integration
 def test_the_launcher_does_not_import_torch() -> None:
     """``bigembed launch`` only starts and watches its ranks: importing torch there would cost
     every launch ~2 s of CPU for nothing."""

@@ -14,7 +14,7 @@ from bigembed.config import model_spec, parse_config_dict
 from bigembed.errors import ConfigError
 from bigembed.model import NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model.all_entities import all_entity_softmax_loss
-from stepkit import fresh_tables, fresh_trainer, perturbed_model
+from support.steps import fresh_tables, fresh_trainer, perturbed_model
 
 P = 0.4
 NEGS = NegativeSettings(num_batch_negs=0, num_uniform_negs=0, uniform_group=8)

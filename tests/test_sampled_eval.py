@@ -22,7 +22,7 @@ from bigembed.checkpoints.reading import load_trained
 from bigembed.cli import main as cli_main
 from bigembed.storage.edges import EdgeStore
 from bigembed.train.single_machine import train
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
 
 
 def reference_ranks(cfg, all_negs: bool) -> np.ndarray:

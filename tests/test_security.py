@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from bigembed.distributed.partition_server import PartitionServer
 from bigembed.distributed.rpc import RpcClient, RpcServer
 from bigembed.distributed.store import StoreAddress
 from bigembed.errors import ConfigError, PeerError
-from synthetic import graph_config, write_graph
-from test_dist import free_port, start_rank
+from support.graphs import graph_config, write_graph
+from support.ranks import SECRET, connect_store, free_port, start_rank
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 CLI = [sys.executable, "-m", "bigembed.cli"]
@@ -48,7 +47,6 @@ ENV = {
 }
 for _k in ("BIGEMBED_SECRET", "BIGEMBED_SECRET_FILE", "BIGEMBED_BIND"):
     ENV.pop(_k, None)
-SECRET = "correct horse battery staple 42"
 
 
 # ---------------------------------------------------------------------- no unpickling anywhere
@@ -309,18 +307,7 @@ def _rank(cfg: Path, rank: int, port: int, env: dict[str, str], *extra: str):
     return start_rank(cfg, rank, port, *extra, env=env)
 
 
-def _connect(port: int) -> dist.Store:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            raw = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
-            return dist.PrefixStore("bigembed", raw)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
+@pytest.mark.integration
 def test_stranger_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     cfg = _graph(tmp_path, timeout=5.0)
     secret_file = tmp_path / "secret"
@@ -329,7 +316,7 @@ def test_stranger_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     port = free_port()
     rank0 = _rank(cfg, 0, port, {**ENV, "BIGEMBED_SECRET": SECRET})
     try:
-        store = _connect(port)
+        store = connect_store(port)
         store.wait(["auth/mode"], timedelta(seconds=60))
         assert store.get("auth/mode") == b"hmac-sha256"
         assert SECRET.encode() not in store.get("auth/nonce")
@@ -358,11 +345,12 @@ def test_stranger_is_refused_and_the_run_completes(tmp_path: Path) -> None:
     assert SECRET not in out0 + out1
 
 
+@pytest.mark.integration
 def test_wrong_or_missing_secret_is_refused(tmp_path: Path) -> None:
     cfg = _graph(tmp_path, timeout=5.0)  # rank 0 waits 5 x 5 s: slow starts under load
     port = free_port()
     rank0 = _rank(cfg, 0, port, {**ENV, "BIGEMBED_SECRET": SECRET})
-    _connect(port).wait(["auth/mode"], timedelta(seconds=60))
+    connect_store(port).wait(["auth/mode"], timedelta(seconds=60))
     missing = _rank(cfg, 1, port, ENV)
     wrong = _rank(cfg, 1, port, {**ENV, "BIGEMBED_SECRET": "not the secret, but long enough"})
     out = missing.communicate(timeout=60)[0]
@@ -380,6 +368,7 @@ def test_wrong_or_missing_secret_is_refused(tmp_path: Path) -> None:
     assert "refused a join as 1" in out0
 
 
+@pytest.mark.integration
 def test_launch_with_secret_and_partition_servers(tmp_path: Path) -> None:
     """Every control message (lock, partition server get/put/ack) is sealed: the run works."""
     cfg = _graph(tmp_path, timeout=5.0)

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bigembed.cli import main as cli_main
-from graph_helpers import random_edges, write_tsv
+from support.imports import random_edges, write_tsv
 
 PARTS = ("train", "valid", "test")
 

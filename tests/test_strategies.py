@@ -38,6 +38,7 @@ from bigembed.communication.strategies import (
     strategy_class,
 )
 from bigembed.config import PRECISION_NAMES, STRATEGY_NAMES
+from support.launches import launch_ranks, write_items_graph
 
 NAMES = ["param/a", "adagrad/a", "emb/item", "emb_state/item"]
 NUMELS = [300, 300, 40_000, 5_000]
@@ -213,6 +214,7 @@ CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("strategy", "precision", "world"), CASES)
 def test_strategy_invariant_over_gloo(
     gloo_results: Callable[[str, str, int], list[dict[str, Any]]],
@@ -306,11 +308,9 @@ def test_a_round_is_recorded_complete_before_the_gate_opens() -> None:
 def items_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], float]:
     """The shared-heavy graph of test_comm_dist (users partitioned, items shared) and its
     single-machine withheld MRR (1 rank, 2 workers)."""
-    from test_comm_dist import _items_graph, _launch
-
     root = tmp_path_factory.mktemp("items")
-    graph = _items_graph(root)
-    _, (mrr, auc), _ = _launch(root, graph, "fp32", ranks=1, overrides=("workers=2",))
+    graph = write_items_graph(root)
+    _, (mrr, auc), _ = launch_ranks(root, graph, "fp32", ranks=1, overrides=("workers=2",))
     assert auc > 0.95, auc  # learnt: the comparison means something
     return root, graph, mrr
 
@@ -328,6 +328,7 @@ assert {s for s, _ in END_TO_END} | {"async_ps"} == set(STRATEGY_NAMES)
 assert {p for _, p in END_TO_END} | {"fp32"} == set(PRECISION_NAMES)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("strategy", "precision"), END_TO_END)
 def test_strategy_trains_as_well_as_one_machine(
     items_graph: tuple[Path, dict[str, Any], float], strategy: str, precision: str
@@ -337,11 +338,9 @@ def test_strategy_trains_as_well_as_one_machine(
     is within 0.02 of one machine's on the same graph and seed. fp32 and int8 run with 2
     Hogwild workers per trainer (PBG's default of several workers; the gate across processes),
     the casts with 1 (the gate in the trainer's own thread)."""
-    from test_comm_dist import _launch
-
     root, graph, single = items_graph
     workers = 2 if precision in ("fp32", "int8") else 1
-    values, (mrr, _), per_round = _launch(
+    values, (mrr, _), per_round = launch_ranks(
         root, graph, precision, strategy, overrides=(f"workers={workers}",)
     )
     for name, got in values.items():
@@ -352,6 +351,7 @@ def test_strategy_trains_as_well_as_one_machine(
     assert abs(mrr - single) <= 0.02, (strategy, precision, mrr, single)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("strategy", ["allreduce", "async_model_average", "decentralized"])
 def test_kill9_stops_every_strategy_and_the_checkpoint_resumes(
     tmp_path: Path, strategy: str
@@ -362,7 +362,7 @@ def test_kill9_stops_every_strategy_and_the_checkpoint_resumes(
     import signal
 
     from bigembed.checkpoints.store import CheckpointStore
-    from test_dist import TIMEOUT, free_port, make_graph, start_rank
+    from support.ranks import TIMEOUT, free_port, make_graph, start_rank
 
     epochs = 8
     cfg_path, cfg = make_graph(tmp_path, num_epochs=epochs)

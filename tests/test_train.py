@@ -12,17 +12,17 @@ import torch
 from bigembed.checkpoints.reading import load_trained
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.cli import main as cli_main
+from bigembed.config import ConfigSchema
 from bigembed.train.single_machine import Trainer, train
-from synthetic import graph_config, write_graph
+from support.graphs import graph_config, write_graph
 
 
 def _stats(cfg) -> list[dict]:
     return CheckpointStore(cfg.checkpoint_path).read_stats()
 
 
-def test_train_writes_versioned_checkpoints(tmp_path: Path) -> None:
-    write_graph(tmp_path)
-    cfg = graph_config(tmp_path, num_epochs=2)
+def test_train_writes_versioned_checkpoints(tiny_config: ConfigSchema) -> None:
+    cfg = tiny_config
     result = train(cfg, progress=False)
     assert result.version == 2 and result.steps_run == 2
     store = CheckpointStore(cfg.checkpoint_path)
@@ -37,15 +37,14 @@ def test_train_writes_versioned_checkpoints(tmp_path: Path) -> None:
     assert model.embeddings("node", 0).shape == (200, 16)
 
 
-def test_resume_continues_from_last_version(tmp_path: Path) -> None:
-    write_graph(tmp_path)
-    first = train(graph_config(tmp_path, num_epochs=1), progress=False)
+def test_resume_continues_from_last_version(tiny_graph: Path) -> None:
+    first = train(graph_config(tiny_graph, num_epochs=1), progress=False)
     assert first.version == 1
-    again = train(graph_config(tmp_path, num_epochs=1), progress=False)
+    again = train(graph_config(tiny_graph, num_epochs=1), progress=False)
     assert again.steps_run == 0, "a finished run has nothing left to do"
-    more = train(graph_config(tmp_path, num_epochs=3), progress=False)
+    more = train(graph_config(tiny_graph, num_epochs=3), progress=False)
     assert more.steps_run == 2 and more.version == 3
-    versions = [r["version"] for r in _stats(graph_config(tmp_path)) if r["type"] == "step"]
+    versions = [r["version"] for r in _stats(graph_config(tiny_graph)) if r["type"] == "step"]
     assert versions == [1, 2, 3], "stats are neither lost nor duplicated across a resume"
 
 
@@ -163,14 +162,13 @@ def test_withheld_eval_improves(tmp_path: Path) -> None:
     assert 0.0 <= last["auc"] <= 1.0 and last["count"] == first["count"]
 
 
-def test_init_path_warm_start(tmp_path: Path) -> None:
-    write_graph(tmp_path)
-    base = graph_config(tmp_path, num_epochs=1)
+def test_init_path_warm_start(tiny_graph: Path) -> None:
+    base = graph_config(tiny_graph, num_epochs=1)
     train(base, progress=False)
     warm = graph_config(
-        tmp_path,
+        tiny_graph,
         num_epochs=1,
-        checkpoint_path=str(tmp_path / "warm"),
+        checkpoint_path=str(tiny_graph / "warm"),
         init_path=base.checkpoint_path,
         lr=0.0,
         relation_lr=0.0,
@@ -181,9 +179,8 @@ def test_init_path_warm_start(tmp_path: Path) -> None:
     assert torch.equal(a, b)
 
 
-def test_checkpoint_preservation(tmp_path: Path) -> None:
-    write_graph(tmp_path)
-    cfg = graph_config(tmp_path, num_epochs=3, checkpoint_preservation_interval=2)
+def test_checkpoint_preservation(tiny_graph: Path) -> None:
+    cfg = graph_config(tiny_graph, num_epochs=3, checkpoint_preservation_interval=2)
     train(cfg, progress=False)
     snap = Path(cfg.checkpoint_path) / "epoch_2"
     assert (snap / "checkpoint_version.txt").read_text().strip() == "2"
@@ -191,6 +188,7 @@ def test_checkpoint_preservation(tmp_path: Path) -> None:
     assert not (Path(cfg.checkpoint_path) / "epoch_1").exists()
 
 
+@pytest.mark.integration
 def test_two_hogwild_workers(tmp_path: Path) -> None:
     write_graph(tmp_path, num_edges=6000)
     cfg = graph_config(tmp_path, num_epochs=2, workers=2, num_partitions=1)
@@ -200,24 +198,22 @@ def test_two_hogwild_workers(tmp_path: Path) -> None:
     assert steps[1]["stats"]["loss"] < steps[0]["stats"]["loss"]
 
 
-def test_train_and_plot_cli(tmp_path: Path, capsys) -> None:
-    write_graph(tmp_path)
-    cfg = graph_config(tmp_path, num_epochs=2, eval_fraction=0.1)
-    cfg_path = tmp_path / "config.json"
+def test_train_and_plot_cli(tiny_graph: Path, capsys) -> None:
+    cfg = graph_config(tiny_graph, num_epochs=2, eval_fraction=0.1)
+    cfg_path = tiny_graph / "config.json"
     from bigembed.config import config_to_dict
 
     cfg_path.write_text(json.dumps(config_to_dict(cfg)))
     assert cli_main(["train", str(cfg_path), "--no-progress"]) == 0
     assert "checkpoint version 2" in capsys.readouterr().out
-    assert cli_main(["plot", cfg.checkpoint_path, "-o", str(tmp_path / "curves.png")]) == 0
-    png = (tmp_path / "curves.png").read_bytes()
+    assert cli_main(["plot", cfg.checkpoint_path, "-o", str(tiny_graph / "curves.png")]) == 0
+    png = (tiny_graph / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_mismatched_graph_is_a_clear_error(tmp_path: Path, capsys) -> None:
-    write_graph(tmp_path)
-    cfg = graph_config(tmp_path, num_partitions=2)
-    cfg_path = tmp_path / "config.json"
+def test_mismatched_graph_is_a_clear_error(tiny_graph: Path, capsys) -> None:
+    cfg = graph_config(tiny_graph, num_partitions=2)
+    cfg_path = tiny_graph / "config.json"
     from bigembed.config import config_to_dict
 
     cfg_path.write_text(json.dumps(config_to_dict(cfg)))
@@ -226,6 +222,7 @@ def test_mismatched_graph_is_a_clear_error(tmp_path: Path, capsys) -> None:
     assert "num_partitions" in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_kill9_at_random_moments_then_resume(tmp_path: Path) -> None:
     """Invariant 3: a run killed at any moment restarts from a complete checkpoint."""
     import os

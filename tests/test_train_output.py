@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synthetic import tiny_kg_config_file
+import pytest
+
+from support.graphs import tiny_kg_config_file
+
+pytestmark = pytest.mark.integration  # `bigembed train` as a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import yaml
 
 from bigembed.cli import main as cli_main
 from bigembed.config import load_config
-from synthetic import tiny_kg_config_file
+from support.graphs import tiny_kg_config_file
 
 optuna = pytest.importorskip("optuna")
 

@@ -29,6 +29,7 @@ def _commands() -> list[list[str]]:
     return out
 
 
+@pytest.mark.integration
 def test_the_tutorial_runs_as_written(tmp_path, monkeypatch, capsys) -> None:
     commands = _commands()
     assert [c[1] if c[0] == "bigembed" else c[0] for c in commands] == [

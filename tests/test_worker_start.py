@@ -29,6 +29,7 @@ def _report_environment(rank: int, tasks: Any, results: Any, *shared: Any) -> No
         pass
 
 
+@pytest.mark.integration
 def test_workers_see_the_environment_of_the_pool_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hogwild, "MAIN", f"{__name__}:_report_environment")
     model = ScoringModel(ModelSpec(relations=(RelationSpec("e", "e"),), entity_dims={"e": 4}))

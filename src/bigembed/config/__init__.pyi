@@ -9,7 +9,7 @@ from .pbg_keys import BIGEMBED_ONLY_KEYS, IGNORED_KEYS, PBG_DIFFERENCES, pbg_sta
 from .schema import ConfigSchema
 from .sections import EarlyStoppingSchema, EntitySchema, RelationSchema, TuneParamSchema, TuneSchema
 from .to_model import model_spec, relation_list
-from .types import PRECISION_NAMES, PRECISIONS, STRATEGIES, STRATEGY_NAMES, OneOf
+from .types import PRECISION_NAMES, PRECISIONS, STRATEGIES, STRATEGY_NAMES, Bytes, OneOf
 
 __all__ = [
     "BIGEMBED_ONLY_KEYS",
@@ -19,6 +19,7 @@ __all__ = [
     "PRECISION_NAMES",
     "STRATEGIES",
     "STRATEGY_NAMES",
+    "Bytes",
     "ConfigSchema",
     "EarlyStoppingSchema",
     "EntitySchema",

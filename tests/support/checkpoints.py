@@ -2,7 +2,8 @@
 
 * :func:`write_graph` writes an entity store and edge paths from named edges (no importer);
 * :func:`write_checkpoint` writes a checkpoint with hand-chosen embeddings, so ranks are known;
-* :func:`trained_graph` trains a tiny model on a memorisable graph (about a second).
+* :func:`trained_graph` trains a tiny model on a memorisable graph (about a second);
+  :func:`trained_ring` with its defaults is the ``trained_checkpoint`` fixture.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -212,3 +213,19 @@ def trained_graph(
     finally:
         torch.set_num_threads(threads)
     return cfg, edges
+
+
+class TrainedRing(NamedTuple):
+    """What :func:`trained_ring` made: the folder, the config (and its file), the ring's edges."""
+
+    root: Path
+    config: ConfigSchema
+    config_file: Path
+    edges: list[Edge]
+
+
+def trained_ring(root: Path) -> TrainedRing:
+    """:func:`trained_graph` with its defaults under ``root``, the config also written as
+    ``root/config.json`` (what the ``trained_checkpoint`` fixture gives)."""
+    cfg, edges = trained_graph(root)
+    return TrainedRing(root, cfg, write_config_file(cfg, root / "config.json"), edges)

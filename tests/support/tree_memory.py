@@ -14,13 +14,20 @@ milliseconds still raises a snapshot.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the sampler itself is standard library only (bench/ooc_bench.py loads it)
+    from bigembed.config import ConfigSchema
 
 
 def process_tree(root: int) -> list[int]:
@@ -187,3 +194,24 @@ class TreeMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def train_measured(cfg: ConfigSchema, tmp_path: Path) -> tuple[str, TreeMemory]:
+    """``bigembed train`` on ``cfg`` (one torch thread per process) with its process tree's
+    memory sampled throughout; its stderr and the sampler, once it succeeded."""
+    from bigembed.config import config_to_dict
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config_to_dict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bigembed.cli", "train", str(path), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    with TreeMemory(proc.pid) as mem:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    return err, mem

@@ -2,17 +2,21 @@
 
 Edges follow a planted structure (an edge (h, r, t) exists mostly when t is among h's
 "neighbours" under r), so a model can learn them and quality checks are meaningful.
+:func:`write_graph` and :func:`graph_config` make a graph of one entity type;
+:func:`write_buckets` writes chosen edges bucket by bucket (several entity types, relations
+confined to buckets) for the distributed tests that need a given layout.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from bigembed.config import ConfigSchema, parse_config_dict
+from bigembed.config import ConfigSchema, config_to_dict, parse_config_dict
 from bigembed.storage.edges import write_edge_manifest
 from bigembed.storage.entities import write_entity_store
 from bigembed.storage.format import bucket_dir
@@ -72,7 +76,7 @@ def write_graph(
             np.save(d / "rel.npy", rels[sel].astype(np.int32))
             if w is not None:
                 np.save(d / "weight.npy", w[sel])
-    dtypes = {"lhs": np.dtype(np.int32), "rhs": np.dtype(np.int32), "rel": np.dtype(np.int32)}
+    dtypes: dict[str, np.dtype] = {k: np.dtype(np.int32) for k in ("lhs", "rhs", "rel")}
     if w is not None:
         dtypes["weight"] = np.dtype(np.float32)
     edir.mkdir(parents=True, exist_ok=True)
@@ -162,3 +166,63 @@ def tiny_kg_config_file(
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path, valid_path
+
+
+# ---------------------------------------------------------------------- bucket by bucket
+Edges = tuple[np.ndarray, np.ndarray, np.ndarray]  # lhs offsets, rel ids, rhs offsets
+
+
+def write_buckets(
+    root: Path,
+    counts: dict[str, list[int]],
+    relation_names: list[str],
+    dynamic: bool,
+    buckets: dict[tuple[int, int], Edges],
+    nparts: tuple[int, int],
+) -> None:
+    """An entity store with ``counts[type][part]`` entities and the given buckets' edges."""
+    names = {
+        t: [pa.array([f"{t}{p}_{k}" for k in range(n)]) for p, n in enumerate(parts)]
+        for t, parts in counts.items()
+    }
+    write_entity_store(
+        root / "entities",
+        names=names,
+        relation_names=relation_names,
+        dynamic_relations=dynamic,
+        seed=0,
+    )
+    edir = root / "edges"
+    table = np.zeros(nparts, np.int64)
+    for (i, j), (lhs, rel, rhs) in buckets.items():
+        d = edir / bucket_dir(i, j)
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / "lhs.npy", lhs.astype(np.int32))
+        np.save(d / "rhs.npy", rhs.astype(np.int32))
+        np.save(d / "rel.npy", rel.astype(np.int32))
+        table[i, j] = len(lhs)
+    dtypes = {k: np.dtype(np.int32) for k in ("lhs", "rhs", "rel")}
+    write_edge_manifest(edir, bucket_counts=table, dtypes=dtypes, has_weights=False)
+
+
+def planted(
+    rng: np.random.Generator,
+    n_lhs: int,
+    n_rhs: int,
+    n: int,
+    rel: int,
+    rhs_lo: int = 0,
+    rhs_hi: int | None = None,
+) -> Edges:
+    """Learnable edges: rhs = lhs * 3 + noise, folded into [rhs_lo, rhs_hi)."""
+    hi = n_rhs if rhs_hi is None else rhs_hi
+    lhs = rng.integers(0, n_lhs, n)
+    rhs = rhs_lo + (lhs * 3 + rng.integers(0, 2, n)) % (hi - rhs_lo)
+    return lhs, np.full(n, rel), rhs
+
+
+def save_config(root: Path, cfg: ConfigSchema) -> Path:
+    """``cfg`` as ``root/config.json`` (what ``bigembed train`` / ``launch`` read)."""
+    path = root / "config.json"
+    path.write_text(json.dumps(config_to_dict(cfg)))
+    return path
