@@ -164,6 +164,7 @@ def test_the_contracts_catch_a_violation(
         ([("kernels.a", "kernels.b"), ("kernels.b", "kernels.a")], "no import cycle"),
     ],
 )
+@pytest.mark.integration
 def test_the_inner_contracts_catch_a_violation(
     tmp_path: Path, imports: list[tuple[str, str]], broken: str
 ) -> None:
@@ -267,6 +268,7 @@ def test_the_cycle_check_catches_a_cycle(tmp_path: Path, monkeypatch: pytest.Mon
     assert module_cycles("standin_cycles", exempt) == both[:1]
 
 
+@pytest.mark.integration
 @needs_linter
 @pytest.mark.parametrize("imported", ["torch", "numpy", "bigembed.errors"])
 def test_the_guard_contract_catches_a_heavy_import(tmp_path: Path, imported: str) -> None:

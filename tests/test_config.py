@@ -165,6 +165,7 @@ PBG_DEFAULTS = {
     # bigembed-only
     "seed": 0,
     "compute_dtype": "float32",
+    "kernel": "auto",
     "distributed_timeout": 60.0,
     "uniform_negs_group": None,
     "train_type": "negative_sampling",

@@ -173,6 +173,7 @@ def _kernels_recorded(root: Path) -> set[tuple[str, str]]:
     return {(s["kernel"], s["kernel_reason"]) for s in steps if s.get("type") == "step"}
 
 
+@pytest.mark.integration
 def test_train_forced_eager(tmp_path: Path) -> None:
     done = _cli("train", str(_config(tmp_path, kernel="eager")), "--no-progress")
     assert done.returncode == 0, done.stderr
@@ -180,6 +181,7 @@ def test_train_forced_eager(tmp_path: Path) -> None:
     assert _kernels_recorded(tmp_path) == {("eager", "forced by kernel: eager")}
 
 
+@pytest.mark.integration
 @needs_kernel
 def test_train_forced_native(tmp_path: Path) -> None:
     done = _cli("train", str(_config(tmp_path, kernel="native")), "--no-progress")
@@ -189,6 +191,7 @@ def test_train_forced_native(tmp_path: Path) -> None:
     assert kernel == "native" and reason.startswith("built at ")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(PREBUILT, reason="a kernel is built beside the code")
 def test_train_without_a_compiler_warns_once(tmp_path: Path) -> None:
     """Two workers, one warning line with the remedy; ``kernel: native`` then fails in one
@@ -218,6 +221,7 @@ def test_train_without_a_compiler_warns_once(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.integration
 @needs_kernel
 def test_build_kernels_ahead_for_a_machine_without_a_compiler(tmp_path: Path) -> None:
     into = tmp_path / "kernels"
@@ -242,6 +246,7 @@ def test_build_kernels_ahead_for_a_machine_without_a_compiler(tmp_path: Path) ->
     )
 
 
+@pytest.mark.integration
 def test_build_kernels_without_a_compiler_fails_in_one_line(tmp_path: Path) -> None:
     done = _cli("build-kernels", "--into", str(tmp_path / "k"), CXX=str(tmp_path / "no-c++"))
     assert done.returncode != 0
@@ -249,6 +254,7 @@ def test_build_kernels_without_a_compiler_fails_in_one_line(tmp_path: Path) -> N
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_the_workers_load_the_library_the_trainer_chose(tmp_path: Path) -> None:
     """A worker's trainer takes the kernel from its setup (it does not look for one itself):
     handed a library that is not there, it fails rather than finding its own."""

@@ -69,6 +69,7 @@ def test_help_lists_every_command_in_registry_order() -> None:
     ]  # fmt: skip
 
 
+@pytest.mark.integration
 def test_the_names_load_no_implementation() -> None:
     """The registries give their names without importing torch (``bigembed config`` stays
     fast); only asking for an implementation imports its module."""
