@@ -247,6 +247,20 @@ def test_build_kernels_ahead_for_a_machine_without_a_compiler(tmp_path: Path) ->
 
 
 @pytest.mark.integration
+def test_build_kernels_into_a_file_refuses_and_leaves_it(tmp_path: Path) -> None:
+    """``--into`` names a folder: a file there is refused in one line and left as it was."""
+    target = tmp_path / "notes.txt"
+    target.write_text("mine\n")
+    done = _cli("build-kernels", "--into", str(target))
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"bigembed build-kernels: error: --into {target}: not a directory (nothing was written)"
+    )
+    assert target.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.integration
 def test_build_kernels_without_a_compiler_fails_in_one_line(tmp_path: Path) -> None:
     done = _cli("build-kernels", "--into", str(tmp_path / "k"), CXX=str(tmp_path / "no-c++"))
     assert done.returncode != 0

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         directory = Path(args.into)
     else:
         directory = cache_dir()
+    if directory.exists() and not directory.is_dir():
+        raise BigembedError(f"--into {directory}: not a directory (nothing was written)")
     try:
         path = build_library(directory)
     except NativeUnavailable as exc:
