@@ -166,6 +166,7 @@ PBG_DEFAULTS = {
     "seed": 0,
     "compute_dtype": "float32",
     "kernel": "auto",
+    "distributed_mode": "partitioned",
     "distributed_timeout": 60.0,
     "uniform_negs_group": None,
     "train_type": "negative_sampling",

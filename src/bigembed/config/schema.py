@@ -44,6 +44,7 @@ from bigembed.config.types import (
     Bytes,
     ComparatorName,
     ComputeDtypeName,
+    DistributedMode,
     Float,
     Int,
     LoadBalancing,
@@ -249,6 +250,15 @@ class ConfigSchema(BaseModel):
 
     # ---- distributed
     num_machines: Int = Field(default=1, gt=0, description="Number of trainer machines.")
+    distributed_mode: DistributedMode = Field(
+        default="partitioned",
+        description="bigembed only: partitioned (PBG: trainers train disjoint buckets under "
+        "partition locks; needs about 2 partitions per trainer to keep them busy) or "
+        "data_parallel (Bagua, DGL-KE: every trainer trains its share of the same bucket's "
+        "edges, split by communication.edge_split, and communication.strategy keeps every "
+        "parameter in step, entity embeddings included; for graphs with few partitions). "
+        "See docs/distributed.md.",
+    )
     num_partition_servers: Int = Field(
         default=-1,
         ge=-1,

@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 from bigembed.config.keys import mixed_case_to_snake
 from bigembed.config.types import (
     Bool,
+    EdgeSplit,
     EvalProtocolName,
     Float,
     Int,
@@ -135,6 +136,39 @@ class CommunicationSchema(BaseModel):
         gt=0,
         description="bigembed only: asynchronous strategies (async_ps, async_model_average): "
         "the least seconds between two rounds of a trainer (PBG: 0.01, at most 100 per second).",
+    )
+    sparse_rows: Bool = Field(
+        default=True,
+        description="bigembed only: send an embedding table's changes as row-sparse deltas "
+        "(the indices of the rows changed since the last round and their values in the "
+        "configured precision) instead of the whole table; the rows' Adagrad state goes with "
+        "them.",
+    )
+    overlap: Bool = Field(
+        default=False,
+        description="bigembed only: synchronous strategies (allreduce, decentralized): run a "
+        "round's communication while the workers train the next sync_every batches (one round "
+        "of staleness) instead of holding them until it is merged.",
+    )
+    hierarchical: Bool = Field(
+        default=True,
+        description="bigembed only: allreduce and async_model_average with several trainers "
+        "on one host: reduce within the host first, then one leader per host across hosts.",
+    )
+    edge_split: EdgeSplit = Field(
+        default="load_balancing",
+        description="bigembed only: distributed_mode data_parallel: how a bucket's edges are "
+        "split between trainers: load_balancing (Bagua's load-balancing sampler over the "
+        "per-edge cost of the cost model, so every trainer gets about the same cost) or even "
+        "(equal slices of the shuffled edges).",
+    )
+    random_level: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="bigembed only: the load-balancing sampler's noise: each edge's cost is "
+        "shuffled by up to this fraction of the cost range before sorting (Bagua's "
+        "random_level).",
     )
 
 

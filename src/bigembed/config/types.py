@@ -229,6 +229,16 @@ BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 #: workers each given an even slice of the bucket).
 LoadBalancingName = Literal["cost", "pbg"]
 LoadBalancing = Annotated[LoadBalancingName, BeforeValidator(_lower)]
+#: ``distributed_mode``: ``partitioned`` (PBG: trainers train disjoint buckets under partition
+#: locks) or ``data_parallel`` (Bagua, DGL-KE: every trainer trains its share of the same
+#: bucket's edges and the communication strategy keeps every parameter in step).
+DistributedModeName = Literal["partitioned", "data_parallel"]
+DistributedMode = Annotated[DistributedModeName, BeforeValidator(_lower)]
+#: ``communication.edge_split``: how ``data_parallel`` splits a bucket's edges between trainers:
+#: ``load_balancing`` (Bagua's load-balancing sampler over per-edge costs) or ``even`` (equal
+#: contiguous slices of the shuffled edges).
+EdgeSplitName = Literal["load_balancing", "even"]
+EdgeSplit = Annotated[EdgeSplitName, BeforeValidator(_lower)]
 #: ``N3``: PBG's N3 terms (each edge's given entity after its relation operator, the other
 #: entity, the operator's parameters); ``N3_factors``: Lacroix et al.'s (2018) form, entity,
 #: relation and entity each penalised on its own (bigembed only).
