@@ -83,8 +83,8 @@ class LockstepRounds:
         self._failed: str | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"bigembed-{name}", daemon=True)
-        if gated:
-            gate.allow(sync_every)
+        if gated:  # a gate may come from an earlier strategy of the run: count from its total
+            gate.allow(gate.batches() + sync_every)
 
     def start(self) -> None:
         self._thread.start()

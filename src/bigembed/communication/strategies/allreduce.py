@@ -26,7 +26,7 @@ class Allreduce(Strategy):
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         super().__init__(env, shared)
-        self.gate = gate = BatchGate(env.workers)
+        self.gate = gate = env.gate or BatchGate(env.workers)
         self.data = DeltaReduce(env, shared, mean=self.mean)
         self.rounds_thread = LockstepRounds(
             env.rank,

@@ -30,8 +30,8 @@ sees a strategy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch.distributed as dist
@@ -46,11 +46,15 @@ from bigembed.train import BatchGate
 class SharedTensors:
     """The shared parameters, by name (``param/...``, ``adagrad/...``, ``emb/TYPE``,
     ``emb_state/TYPE``); ``nonnegative``: indices of the Adagrad accumulators, which must stay
-    >= 0 (a lossy exchange may bring one near 0 slightly below)."""
+    >= 0 (a lossy exchange may bring one near 0 slightly below); ``row_tables``: the embedding
+    tables among them, as ``{index of the (rows, dim) table: index of its row state}`` (row
+    Adagrad: one value per row), whose changes are row-sparse: a strategy may send only the
+    rows changed since its last round (``StrategyEnv.sparse_rows``), each row's state with it."""
 
     names: Sequence[str]
     tensors: Sequence[Tensor]
     nonnegative: frozenset[int]
+    row_tables: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def flat(self) -> list[Tensor]:
@@ -73,6 +77,11 @@ class StrategyEnv:
     sync_every: int  # batches between the rounds of a synchronous strategy
     sync_interval: float  # least seconds between rounds of an asynchronous one
     on_error: Callable[[str], None]  # a communication thread failed: stop the run
+    #: the gate the workers pass (None: the strategy makes its own). Data-parallel training
+    #: starts a strategy per bucket over that bucket's tables: they all share the run's gate.
+    gate: BatchGate | None = None
+    #: send row tables' changes as row-sparse deltas (``communication.sparse_rows``)
+    sparse_rows: bool = False
 
 
 class Strategy(ABC):

@@ -68,7 +68,7 @@ class Decentralized(Strategy):
         plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
         self.plan = plan
         self.exact = ShardedReduce(env.rank, plan, get_codec("fp32"), env.group, env.trainers)
-        self.gate = gate = BatchGate(env.workers)
+        self.gate = gate = env.gate or BatchGate(env.workers)
         self.rounds_thread = LockstepRounds(
             env.rank,
             env.trainers,
