@@ -259,3 +259,26 @@ def test_user_errors_of_a_distributed_eval_are_one_line(
     )
     assert sampled.returncode != 0 and "runs on one machine only" in sampled.stderr
     assert "Traceback" not in sampled.stderr
+
+
+@pytest.mark.integration
+def test_ranks_with_different_edges_all_stop_naming_it(random_graph: Graph, tmp_path: Path) -> None:
+    graph = random_graph
+    port = free_port()
+    train = str(Path(graph.test).parent / "train")
+    procs = [
+        subprocess.Popen(
+            _rank_cmd(graph.config_file, r, port, "--edges", edges),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ENV,
+            start_new_session=True,
+        )
+        for r, edges in ((0, graph.test), (1, train))
+    ]
+    for p in procs:
+        text, _ = p.communicate(timeout=180)
+        assert p.returncode != 0, text
+        assert "bigembed eval: error: the ranks evaluate different inputs" in text, text
+        assert "151 edges" in text and "400 edges" in text and "Traceback" not in text
