@@ -123,9 +123,10 @@ def launch(
                 print(f"[launch] giving up after {max_restarts} restarts", flush=True)
             return code
         attempt += 1
+        again = "training resumes from the last committed checkpoint"
         print(
             f"[launch] restart {attempt} of {max_restarts}: starting every rank again "
-            "(training resumes from the last committed checkpoint)",
+            f"({again if eval_args is None else 'the evaluation starts over'})",
             flush=True,
         )
 
