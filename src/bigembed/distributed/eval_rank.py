@@ -32,7 +32,7 @@ import torch.distributed as dist
 from bigembed.config import ConfigSchema
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.rank_main import _run_guarded, _share_cores
+from bigembed.distributed.rank_main import run_guarded, share_cores
 from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import ConfigError, InputError
 from bigembed.eval import (
@@ -88,7 +88,7 @@ def eval_distributed(
         ctx.close(clean=False)
         uninstall()
         raise
-    _share_cores(ctx)
+    share_cores(ctx)
     num_ranks = run_cfg.num_machines
 
     def body() -> RankEval:
@@ -108,7 +108,7 @@ def eval_distributed(
             report = evaluation.report(merge_rankings(total, gathered))
         return RankEval(rank, len(rows), total, report)
 
-    result = _run_guarded(ctx, body)
+    result = run_guarded(ctx, body)
     ctx.close()
     uninstall()
     return result
