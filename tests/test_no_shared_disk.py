@@ -93,13 +93,13 @@ def _rank(
     rank: int,
     *extra: str,
     port: int = PORT,
+    command: tuple[str, ...] = ("train", "--no-progress"),
 ) -> subprocess.Popen[str]:
-    """Trainer ``rank`` on its own machine: its namespace (None: the host's network), its
-    ``tree`` mounted at ``mount``."""
+    """Trainer ``rank`` (or another ``command``) on its own machine: its namespace (None: the
+    host's network), its ``tree`` mounted at ``mount``."""
     host = ADDRS[0] if ns is not None else "127.0.0.1"
     argv = [
-        *CLI,
-        *("train", str(cfg_path), "--rank", str(rank), "--no-progress"),
+        *(*CLI, command[0], str(cfg_path), "--rank", str(rank), *command[1:]),
         *("-p", "num_machines=2", "-p", f"distributed_init_method=tcp://{host}:{port}", *extra),
     ]
     mounted = ["unshare", "-m", "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"']
@@ -199,3 +199,25 @@ def test_another_import_of_the_graph_is_refused(tmp_path: Path) -> None:
     for out in outs:
         assert "reads another graph than rank 0: the manifest of entity_path" in out, out
         assert "Traceback" not in out
+
+
+def test_external_partition_server_without_a_shared_disk(
+    tmp_path: Path, namespaces: tuple[str, str]
+) -> None:
+    """num_partition_servers: 1 (its own process, on rank 1's machine) with compressed
+    transfers: rank 0 seeds it in fp32, the trainers swap bf16 copies and int8 changes, and
+    rank 0 pulls every partition from it in fp32 for the checkpoint."""
+    mount, cfg_path, copies, cfg = _machines(tmp_path, num_epochs=1)
+    extra = ("-p", "num_partition_servers=1", "-p", "communication.partition_precision=compressed")
+    server = _rank(
+        namespaces[1], copies[1], mount, cfg_path, 0, *extra, command=("partition-server",)
+    )
+    _train(namespaces, mount, cfg_path, copies, *extra)
+    out = server.communicate(timeout=60)[0]
+    assert server.returncode == 0, out
+    _check_rank1_wrote_nothing(copies[1])
+    assert CheckpointStore(copies[0] / "model").committed_version() == 1
+    v1 = _partitions(copies[0] / "model", copies[0] / "entities", 1)
+    for part, emb in v1.items():
+        init = init_embeddings(emb.shape[0], 16, cfg.init_scale, cfg.seed, "node", part)
+        assert not torch.allclose(emb, init), f"partition {part} was never trained"
