@@ -173,7 +173,7 @@ class Handshake:
                 f"{self.layout.role(self.rank)} was started with {self._shape()} but rank 0 "
                 f"with {shape}: use the same config and -p overrides on every rank"
             )
-        if self.layout.is_trainer(self.rank):
+        if self.layout.is_trainer(self.rank) and store.check(["join/graph"]):
             self._check_graph(store.get("join/graph").decode(errors="replace"))
         if theirs == MODE_HMAC and self.secret is None:
             raise PeerError(
