@@ -221,3 +221,32 @@ def test_external_partition_server_without_a_shared_disk(
     for part, emb in v1.items():
         init = init_embeddings(emb.shape[0], 16, cfg.init_scale, cfg.seed, "node", part)
         assert not torch.allclose(emb, init), f"partition {part} was never trained"
+
+
+def test_data_parallel_replicas_without_a_shared_disk(
+    tmp_path: Path, namespaces: tuple[str, str]
+) -> None:
+    """distributed_mode: data_parallel needs no shared disk by construction: rank 1 keeps its
+    replica's swapped partitions in a scratch directory of its own (removed at the end), never
+    in its checkpoint_path, and takes rank 0's values over the network when resuming."""
+    mount, cfg_path, copies, cfg = _machines(tmp_path, num_epochs=1)
+    extra = ("-p", "distributed_mode=data_parallel", "-p", "communication.strategy=allreduce")
+    outs = _train(namespaces, mount, cfg_path, copies, *extra)
+    _check_rank1_wrote_nothing(copies[1])
+    model0, entities0 = copies[0] / "model", copies[0] / "entities"
+    ck = CheckpointStore(model0)
+    assert ck.committed_version() == 1
+    v1 = _partitions(model0, entities0, 1)
+    for part, emb in v1.items():
+        init = init_embeddings(emb.shape[0], 16, cfg.init_scale, cfg.seed, "node", part)
+        assert not torch.allclose(emb, init), f"partition {part} was never trained"
+    buckets = [r for r in ck.read_stats() if r["type"] == "bucket"]
+    assert {r["trainer"] for r in buckets} == {0, 1}  # every bucket by both replicas
+    outs = _train(namespaces, mount, cfg_path, copies, *extra, "-p", "num_epochs=2")
+    assert "resuming from checkpoint version 1" in outs[0], outs[0]
+    for out in outs:  # rank 1 started from rank 0's values: the replicas agree exactly
+        assert ", 0 repairs" in out, out
+    _check_rank1_wrote_nothing(copies[1])
+    assert ck.committed_version() == 2
+    steps = [r for r in ck.read_stats() if r["type"] == "step"]
+    assert steps[1]["stats"]["loss"] < steps[0]["stats"]["loss"], steps
