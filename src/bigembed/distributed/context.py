@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from bigembed.distributed.handshake import (
     Handshake,
     JoinRefusal,
     RelayedRefusal,
+    host_id,
 )
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.store import (
@@ -217,12 +217,16 @@ class DistContext:
             ) from None
 
     # ------------------------------------------------------------------ helpers
+    def trainer_hosts(self) -> list[str]:
+        """Each trainer's host name as it joined (``layout.trainers`` order)."""
+        assert self.store is not None
+        hosts = [self.store.get(f"join/{r}/host").decode() for r in self.layout.trainers]
+        return [h.rpartition(":")[0] for h in hosts]
+
     def local_trainers(self) -> int:
         """How many trainers of the run joined from this machine (by host name)."""
-        assert self.store is not None
-        me = socket.gethostname()
-        hosts = [self.store.get(f"join/{r}/host").decode() for r in self.layout.trainers]
-        return sum(1 for h in hosts if h.rpartition(":")[0] == me)
+        me = host_id()
+        return sum(1 for h in self.trainer_hosts() if h == me)
 
     def barrier(self, name: str, size: int | None = None) -> None:
         assert self.store is not None

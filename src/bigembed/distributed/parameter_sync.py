@@ -57,6 +57,10 @@ class SharedParameterSync(Observer):
             sync_every=comm.sync_every,
             sync_interval=comm.sync_interval,
             on_error=ctx.fail,
+            overlap=comm.overlap,
+            hierarchical=comm.hierarchical,
+            hosts=ctx.trainer_hosts(),
+            store_client=lambda: ctx.address.namespaced(ctx.address.client(ctx.timeout)),
         )
         self.strategy = make_strategy(
             comm.strategy, env, SharedTensors(names, tensors, accumulators)
