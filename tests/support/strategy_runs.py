@@ -56,6 +56,22 @@ def expected(world: int, steps: int, *, mean: bool) -> list[torch.Tensor]:
     return [t.double() + scale * w for t, w in zip(initial(), total, strict=True)]
 
 
+def spread(per_rank: list[list[torch.Tensor]]) -> float:
+    """How far the ranks' values are from their mean (the largest difference)."""
+    mean = [sum(ts) / len(ts) for ts in zip(*per_rank, strict=True)]
+    return max(float((t - m).abs().max()) for ts in per_rank for t, m in zip(ts, mean, strict=True))
+
+
+def alone(world: int, steps: int) -> list[list[torch.Tensor]]:
+    """Every rank's values had nobody exchanged anything."""
+    values = [initial() for _ in range(world)]
+    for rank, tensors in enumerate(values):
+        for step in increments(rank, steps):
+            for t, (idx, val) in zip(tensors, step, strict=True):
+                t.index_add_(0, idx, val)
+    return values
+
+
 def drive(
     rank: int,
     world: int,
@@ -125,11 +141,13 @@ def drive(
     trained_s = time.monotonic() - started
     s.flush(30)
     dist.barrier(group=side)
+    before = [t.clone() for t in tensors]  # what the rounds did, before the exact agreement
     s.agree(30)
     dist.barrier(group=side)
     reduce = getattr(getattr(s, "data", None), "reduce", None)
     result = {
         "tensors": [t.clone() for t in tensors],
+        "before": before,
         "errors": errors,
         "lag": lag,
         "rounds": s.rounds,
