@@ -156,3 +156,29 @@ def test_hierarchical_strategy_agrees_with_flat(runs: Path, strategy: str, preci
         assert sum(r["sent"] for r in results) == sum(r["received"] for r in results)
     for a, b in zip(flat[0]["tensors"], tree[0]["tensors"], strict=True):
         assert float((a - b).abs().max()) <= 2 * TOL[precision]
+
+
+@pytest.mark.integration
+def test_ranks_told_apart_by_host_id_reduce_hierarchically(tmp_path: Path) -> None:
+    """Three hand-started ranks on 127.0.0.1, ``BIGEMBED_HOST_ID`` a, a, b: the host ids travel
+    through the join handshake to the strategy, which reduces host by host (its log line), and
+    the run ends cleanly; with ``communication.hierarchical=false`` it stays flat."""
+    from support.ranks import ENV, free_port, make_graph, start_rank
+
+    cfg_path, _ = make_graph(tmp_path, num_epochs=1)
+    for hierarchical in ("true", "false"):
+        port = free_port()
+        extra = (
+            *("-p", "num_machines=3", "-p", "communication.strategy=allreduce"),
+            *("-p", f"communication.hierarchical={hierarchical}"),
+        )
+        procs = [
+            start_rank(cfg_path, r, port, *extra, env={**ENV, HOST_ID_ENV: host})
+            for r, host in enumerate("aab")
+        ]
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], outs
+        said = ["hierarchical reduction, 2 hosts" in out for out in outs]
+        assert said == [hierarchical == "true"] * 3, outs
+        if hierarchical == "true":
+            assert "this host's leader rank 0" in outs[1] and "leader rank 2" in outs[2]

@@ -5,9 +5,9 @@ Protocol tests run 2 or 3 processes that each drive one strategy the way a train
 barrier, agree, stop), then check the invariant of the strategy:
 
 * ``async_ps`` and ``allreduce`` sum: every trainer ends with initial + every increment;
-* ``async_model_average`` and ``decentralized`` average: every trainer ends with initial +
-  (every increment) / W (averaging conserves the sum of the trainers' values, and the
-  agreement at the checkpoint is their mean);
+* ``async_model_average``, ``decentralized`` and ``async_decentralized`` average: every
+  trainer ends with initial + (every increment) / W (averaging conserves the sum of the
+  trainers' values, and the agreement at the checkpoint is their mean);
 * after ``agree`` the collective strategies hold the same values on every trainer, bit for bit;
 * a synchronous strategy never lets a trainer run more than ``sync_every`` batches (plus one per
   worker) past its last completed round, even next to a slower trainer.

@@ -20,6 +20,7 @@ with two trainers or more (``make_reduce``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -35,6 +36,8 @@ from bigembed.communication.primitives import (
     exchange,
 )
 from bigembed.communication.segment_stream import SegmentStream
+
+logger = logging.getLogger(__name__)
 
 
 def host_leaders(trainers: Sequence[int], hosts: Sequence[str]) -> dict[int, int]:
@@ -61,7 +64,13 @@ def make_reduce(
     """The reduction a strategy's rounds use: host by host where ``hosts`` (each trainer's
     host id, None: flat) make it worth it, else flat."""
     if hosts is not None and is_hierarchical(hosts):
-        return HierarchicalReduce(rank, plan, codec, group, trainers, hosts)
+        reduce = HierarchicalReduce(rank, plan, codec, group, trainers, hosts)
+        logger.info(
+            "shared parameters: hierarchical reduction, %d hosts, this host's leader rank %d",
+            len(set(hosts)),
+            reduce.leader,
+        )
+        return reduce
     return ShardedReduce(rank, plan, codec, group, trainers)
 
 
