@@ -191,6 +191,7 @@ def _buckets_by_trainer(cfg: Any) -> dict[int, int]:
         ("async_model_average", "fp32"),
         ("decentralized", "fp32"),
         ("async_ps", "fp32"),
+        ("async_decentralized", "fp32"),
         ("allreduce", "int8"),
     ],
 )

@@ -5,9 +5,9 @@ Protocol tests run 2 or 3 processes that each drive one strategy the way a train
 barrier, agree, stop), then check the invariant of the strategy:
 
 * ``async_ps`` and ``allreduce`` sum: every trainer ends with initial + every increment;
-* ``async_model_average`` and ``decentralized`` average: every trainer ends with initial +
-  (every increment) / W (averaging conserves the sum of the trainers' values, and the
-  agreement at the checkpoint is their mean);
+* ``async_model_average``, ``decentralized`` and ``async_decentralized`` average: every
+  trainer ends with initial + (every increment) / W (averaging conserves the sum of the
+  trainers' values, and the agreement at the checkpoint is their mean);
 * after ``agree`` the collective strategies hold the same values on every trainer, bit for bit;
 * a synchronous strategy never lets a trainer run more than ``sync_every`` batches (plus one per
   worker) past its last completed round, even next to a slower trainer.
@@ -54,6 +54,7 @@ def test_every_configured_strategy_is_implemented() -> None:
         "allreduce": (True, True),
         "async_model_average": (True, False),
         "decentralized": (False, True),
+        "async_decentralized": (False, False),
     }
 
 
@@ -91,7 +92,9 @@ def _initial() -> list[torch.Tensor]:
     return [torch.linspace(0, 1, n) for n in NUMELS]
 
 
-def _drive(rank: int, world: int, side: Any, strategy: str, precision: str) -> dict[str, Any]:
+def _drive(
+    rank: int, world: int, side: Any, strategy: str, precision: str, store: str
+) -> dict[str, Any]:
     """One trainer's part of one strategy's run; returns what the checks read."""
     import torch.distributed as dist
 
@@ -108,6 +111,7 @@ def _drive(rank: int, world: int, side: Any, strategy: str, precision: str) -> d
         sync_every=SYNC_EVERY,
         sync_interval=0.01,
         on_error=lambda message: (errors.append(message), print(message, file=sys.stderr)),
+        store_client=lambda: dist.FileStore(store + ".pairs", -1),
     )
     s = make_strategy(strategy, env, SharedTensors(NAMES, tensors, frozenset({1, 3})))
     s.start()
@@ -158,7 +162,7 @@ def _rank(rank: int, world: int, store: str, out: str, precision: str) -> None:
     side = dist.new_group(backend="gloo")  # the test's own barrier, apart from the strategy's
     for strategy in STRATEGY_NAMES:
         faulthandler.dump_traceback_later(60, exit=True)  # a hang fails with the stacks
-        result = _drive(rank, world, side, strategy, precision)
+        result = _drive(rank, world, side, strategy, precision, store)
         torch.save(result, os.path.join(out, f"{strategy}-{rank}.pt"))
         dist.barrier(group=side)  # the next strategy starts from a quiet group
     faulthandler.cancel_dump_traceback_later()
@@ -323,6 +327,7 @@ END_TO_END = [
     ("allreduce", "int8"),
     ("async_model_average", "bf16"),
     ("decentralized", "fp16"),
+    ("async_decentralized", "int8"),
 ]
 assert {s for s, _ in END_TO_END} | {"async_ps"} == set(STRATEGY_NAMES)
 assert {p for _, p in END_TO_END} | {"fp32"} == set(PRECISION_NAMES)
@@ -352,7 +357,9 @@ def test_strategy_trains_as_well_as_one_machine(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("strategy", ["allreduce", "async_model_average", "decentralized"])
+@pytest.mark.parametrize(
+    "strategy", ["allreduce", "async_model_average", "decentralized", "async_decentralized"]
+)
 def test_kill9_stops_every_strategy_and_the_checkpoint_resumes(
     tmp_path: Path, strategy: str
 ) -> None:

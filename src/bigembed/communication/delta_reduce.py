@@ -14,10 +14,12 @@ it); the clamp is part of the agreed value, not a change anybody sends.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
+from bigembed.communication.hierarchical import make_reduce
 from bigembed.communication.param_server import ShardPlan, gather, scatter_add, scatter_copy
-from bigembed.communication.primitives import ShardedReduce
 from bigembed.communication.strategies.base import SharedTensors, StrategyEnv
 
 
@@ -27,21 +29,25 @@ class DeltaReduce:
         self.world = len(env.trainers)
         self.flat = shared.flat
         self.plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
-        self.reduce = ShardedReduce(env.rank, self.plan, env.codec, env.group, env.trainers)
+        hosts = env.hosts if env.hierarchical else None  # flat, or host by host
+        self.reduce = make_reduce(env.rank, self.plan, env.codec, env.group, env.trainers, hosts)
         self.owners = self.plan.active_servers
         self.last = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
 
-    def round(self) -> None:
-        """A data round: the live tensors keep what the workers change meanwhile."""
-        self._round(assign=False)
+    def round(self, snapped: Callable[[], None] | None = None) -> None:
+        """A data round: the live tensors keep what the workers change meanwhile.
+        ``snapped``: called once the values are read (an overlapped round opens the gate)."""
+        self._round(assign=False, snapped=snapped)
 
     def agree(self) -> None:
         """A round while no worker trains (a checkpoint): every trainer ends with the agreed
         values bit for bit (adding ``merged - snap`` to ``snap`` could round differently)."""
         self._round(assign=True)
 
-    def _round(self, assign: bool) -> None:
+    def _round(self, assign: bool, snapped: Callable[[], None] | None = None) -> None:
         snaps = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
+        if snapped is not None:
+            snapped()
         sums = self.reduce.reduce({s: snaps[s] - self.last[s] for s in self.owners})
         for s in self.owners:
             change = sums[s] / self.world if self.mean else sums[s]

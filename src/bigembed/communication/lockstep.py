@@ -22,6 +22,14 @@ entering rounds, so a trainer whose workers wait at the gate never waits for an 
 budget after a round is the batch count at its start plus ``sync_every``: the workers never
 run more than ``sync_every`` batches (plus one per worker, see the gate) past the values the
 last completed round merged.
+
+**Overlap** (``communication.overlap``): the strategy calls :meth:`LockstepRounds.snapshot_taken`
+once a data round has read the values it sends, and the gate opens for the next budget right
+then, so the round's communication runs while the workers train the next ``sync_every``
+batches; their changes stay in the live tensors and go out with the next round. One round of
+staleness: the next round cannot start before this one completed, so the workers never run
+more than ``2 x sync_every`` batches (plus one per worker) past the values the last completed
+round merged.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class LockstepRounds:
         on_agree: Callable[[], None],
         on_error: Callable[[str], None],
         name: str,
+        overlap: bool = False,
     ) -> None:
         self.rank = rank
         self.peers = [t for t in trainers if t != rank]
@@ -69,6 +78,8 @@ class LockstepRounds:
         self.on_data = on_data
         self.on_agree = on_agree
         self.on_error = on_error
+        self.overlap = overlap and gated
+        self._round_batches = 0  # the batch count at the start of the round in flight
         self.data_rounds = 0
         self.header_rounds = 0
         self._counted = 0  # batches of this trainer already announced
@@ -118,6 +129,12 @@ class LockstepRounds:
             self._cond.notify_all()
         self._thread.join(timeout=timeout)
 
+    def snapshot_taken(self) -> None:
+        """Called by a data round once it has read the values it sends: with overlap, the
+        workers may train the next ``sync_every`` batches while it communicates."""
+        if self.overlap:
+            self.gate.allow(self._round_batches + self.sync_every)
+
     def _wait(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not done():
@@ -151,7 +168,7 @@ class LockstepRounds:
                         dtype=torch.int64,
                     )
                 last_start = time.monotonic()
-                batches = self.gate.batches()
+                batches = self._round_batches = self.gate.batches()
                 header[_FLAG_BATCHES] = batches - self._counted
                 self._counted = batches
                 total = flags_exchange(header, self.peers, self.group)

@@ -29,6 +29,8 @@ from bigembed.communication.param_server import ShardPlan
 from bigembed.communication.segment_stream import SegmentStream
 
 TAG_FLAGS, TAG_SCATTER, TAG_GATHER, TAG_PAIR = 31, 32, 33, 34
+#: a hierarchical reduction's levels within a host, and the asynchronous gossip's exchanges
+TAG_HOST_UP, TAG_HOST_DOWN, TAG_GOSSIP = 41, 42, 43
 
 
 def exchange(
@@ -96,6 +98,11 @@ class ShardedReduce:
         self.down_in = {s: SegmentStream(codec, sizes[s], feedback=False) for s in self.owners}
         self.bytes_sent = 0
         self.bytes_received = 0
+        #: bytes sent to each peer (a hierarchy's levels are told apart by the peers' hosts)
+        self.sent_to: dict[int, int] = dict.fromkeys(self.peers, 0)
+        #: the last call's encoded sums, per owner: what every trainer decoded (a hierarchical
+        #: reduction forwards these bytes to the trainers of a leader's host)
+        self.wire: dict[int, Tensor] = {}
 
     def reduce(self, parts: Mapping[int, Tensor]) -> dict[int, Tensor]:
         """``parts[s]``: this trainer's values for owner s's segments (every owner). Returns,
@@ -119,11 +126,14 @@ class ShardedReduce:
         exchange(sends, receives, self.group, TAG_GATHER)
         self._count(sends, receives)
         wire.update(receives)
+        self.wire = wire
         for s in self.owners:
             sums[s] = self.down_in[s].decode(wire[s])
         return sums
 
     def _count(self, sends: Mapping[int, Tensor], receives: Mapping[int, Tensor]) -> None:
+        for peer, t in sends.items():
+            self.sent_to[peer] += t.numel() * t.element_size()
         self.bytes_sent += sum(t.numel() * t.element_size() for t in sends.values())
         self.bytes_received += sum(t.numel() * t.element_size() for t in receives.values())
 

@@ -109,7 +109,8 @@ class CommunicationSchema(BaseModel):
         "synchronous: everybody's changes summed every sync_every batches), "
         "async_model_average (centralized, asynchronous: a background thread averages the "
         "values), decentralized (synchronous: each round every trainer averages with one peer, "
-        "no server). See docs/distributed.md.",
+        "no server), async_decentralized (asynchronous: a background thread averages with "
+        "whichever peer is ready, nobody waits). See docs/distributed.md.",
     )
     precision: PrecisionName = Field(
         default="fp32",
@@ -134,7 +135,8 @@ class CommunicationSchema(BaseModel):
     sync_interval: float = Field(
         default=0.01,
         gt=0,
-        description="bigembed only: asynchronous strategies (async_ps, async_model_average): "
+        description="bigembed only: asynchronous strategies (async_ps, async_model_average, "
+        "async_decentralized): "
         "the least seconds between two rounds of a trainer (PBG: 0.01, at most 100 per second).",
     )
     sparse_rows: Bool = Field(

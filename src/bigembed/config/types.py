@@ -189,6 +189,7 @@ STRATEGIES: Registry[Any] = Registry(
         ("allreduce", f"{_STRATEGIES}.allreduce:Allreduce"),
         ("async_model_average", f"{_STRATEGIES}.async_model_average:AsyncModelAverage"),
         ("decentralized", f"{_STRATEGIES}.decentralized:Decentralized"),
+        ("async_decentralized", f"{_STRATEGIES}.async_decentralized:AsyncDecentralized"),
     ],
 )
 PRECISION_NAMES: tuple[str, ...] = PRECISIONS.names

@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from bigembed.communication import StrategyEnv, get_codec
 from bigembed.config import ConfigSchema, config_to_dict
 from bigembed.distributed.auth import BadMac, Secret, Session, load_secret, seal, unseal
 from bigembed.distributed.handshake import (
@@ -46,6 +46,7 @@ from bigembed.distributed.handshake import (
     Handshake,
     JoinRefusal,
     RelayedRefusal,
+    host_id,
 )
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.store import (
@@ -56,6 +57,7 @@ from bigembed.distributed.store import (
 )
 from bigembed.distributed.watchdog import Watchdog, exit_now, store_barrier
 from bigembed.errors import ConfigError, PeerError
+from bigembed.train import BatchGate
 
 logger = logging.getLogger(__name__)
 
@@ -217,12 +219,40 @@ class DistContext:
             ) from None
 
     # ------------------------------------------------------------------ helpers
+    def trainer_hosts(self) -> list[str]:
+        """Each trainer's host name as it joined (``layout.trainers`` order)."""
+        assert self.store is not None
+        hosts = [self.store.get(f"join/{r}/host").decode() for r in self.layout.trainers]
+        return [h.rpartition(":")[0] for h in hosts]
+
+    def strategy_env(
+        self, *, gate: BatchGate | None = None, sparse_rows: bool = False
+    ) -> StrategyEnv:
+        """Where this trainer's communication strategy runs, from the config's
+        ``communication`` section (``gate``: the run's, shared by a strategy per bucket;
+        ``sparse_rows``: send row tables as row-sparse deltas)."""
+        cfg, comm = self.cfg, self.cfg.communication
+        return StrategyEnv(
+            rank=self.rank,
+            trainers=self.layout.trainers,
+            group=self.trainer_group,
+            codec=get_codec(comm.precision),
+            workers=cfg.resolved_workers(),
+            sync_every=comm.sync_every,
+            sync_interval=comm.sync_interval,
+            on_error=self.fail,
+            gate=gate,
+            sparse_rows=sparse_rows,
+            overlap=comm.overlap,
+            hierarchical=comm.hierarchical,
+            hosts=self.trainer_hosts(),
+            store_client=lambda: self.address.namespaced(self.address.client(self.timeout)),
+        )
+
     def local_trainers(self) -> int:
         """How many trainers of the run joined from this machine (by host name)."""
-        assert self.store is not None
-        me = socket.gethostname()
-        hosts = [self.store.get(f"join/{r}/host").decode() for r in self.layout.trainers]
-        return sum(1 for h in hosts if h.rpartition(":")[0] == me)
+        me = host_id()
+        return sum(1 for h in self.trainer_hosts() if h == me)
 
     def barrier(self, name: str, size: int | None = None) -> None:
         assert self.store is not None

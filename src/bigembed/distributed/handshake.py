@@ -36,6 +36,14 @@ logger = logging.getLogger(__name__)
 
 JOIN_FACTOR = 5  # ranks started by hand may arrive a while apart
 REFUSED_MARK = "refused: "  # a join/refused value: the rank and its reason follow
+#: overrides the host name a rank announces (ranks on one machine told apart, as in tests of
+#: a hierarchical reduction; or machines whose host names clash)
+HOST_ID_ENV = "BIGEMBED_HOST_ID"
+
+
+def host_id() -> str:
+    """The name of this rank's machine as the others see it (``join/RANK/host``)."""
+    return os.environ.get(HOST_ID_ENV) or socket.gethostname()
 
 
 class JoinRefusal(PeerError):
@@ -113,7 +121,7 @@ class Handshake:
                 f"rank {self.rank} is already taken: another process joined as rank {self.rank}"
                 f"{where}"
             )
-        store.set(f"join/{self.rank}/host", f"{socket.gethostname()}:{os.getpid()}")
+        store.set(f"join/{self.rank}/host", f"{host_id()}:{os.getpid()}")
         store.add(f"hb/{self.rank}", 1)
         arrived = store.add("join/count", 1)
         if arrived == world:
@@ -206,7 +214,7 @@ class Handshake:
 
     def _join_with_secret(self, store: dist.Store, world: int, timeout: float) -> Session:
         assert self.secret is not None
-        store.set(f"join/{self.rank}/host", f"{socket.gethostname()}:{os.getpid()}")
+        store.set(f"join/{self.rank}/host", f"{host_id()}:{os.getpid()}")
         store.add(f"hb/{self.rank}", 1)
         if self.rank == 0:
             self._admit(store, world, timeout)
@@ -221,7 +229,7 @@ class Handshake:
                 {
                     "client_nonce": mine,
                     "proof": self.secret.join_proof(nonce, self.rank, mine),
-                    "host": f"{socket.gethostname()}:{os.getpid()}",
+                    "host": f"{host_id()}:{os.getpid()}",
                 }
             ),
         )

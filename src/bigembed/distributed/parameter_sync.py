@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from bigembed.communication import SharedTensors, StrategyEnv, get_codec, make_strategy
+from bigembed.communication import SharedTensors, make_strategy
 from bigembed.distributed.context import DistContext
 from bigembed.errors import PeerError
 from bigembed.train import BucketRecord, BucketWork, ModelState, Observer, PartitionStore
@@ -48,16 +48,7 @@ class SharedParameterSync(Observer):
             i for i, n in enumerate(names) if n.startswith(ACCUMULATOR_PREFIXES)
         )
         comm = cfg.communication
-        env = StrategyEnv(
-            rank=ctx.rank,
-            trainers=ctx.layout.trainers,
-            group=ctx.trainer_group,
-            codec=get_codec(comm.precision),
-            workers=cfg.resolved_workers(),
-            sync_every=comm.sync_every,
-            sync_interval=comm.sync_interval,
-            on_error=ctx.fail,
-        )
+        env = ctx.strategy_env()
         self.strategy = make_strategy(
             comm.strategy, env, SharedTensors(names, tensors, accumulators)
         )

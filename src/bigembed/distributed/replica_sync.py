@@ -35,8 +35,6 @@ from torch import Tensor
 from bigembed.communication import (
     SharedTensors,
     Strategy,
-    StrategyEnv,
-    get_codec,
     make_strategy,
 )
 from bigembed.distributed.context import DistContext
@@ -103,19 +101,7 @@ class ReplicaSync(Observer):
     # ------------------------------------------------------------------ the loop's calls
     def bucket_started(self, work: BucketWork) -> None:
         cfg, ctx = self.cfg, self.ctx
-        comm = cfg.communication
-        env = StrategyEnv(
-            rank=ctx.rank,
-            trainers=ctx.layout.trainers,
-            group=ctx.trainer_group,
-            codec=get_codec(comm.precision),
-            workers=cfg.resolved_workers(),
-            sync_every=comm.sync_every,
-            sync_interval=comm.sync_interval,
-            on_error=ctx.fail,
-            gate=self.gate,
-            sparse_rows=comm.sparse_rows,
-        )
+        env = ctx.strategy_env(gate=self.gate, sparse_rows=cfg.communication.sparse_rows)
         strategy = make_strategy(self.strategy_name, env, self.shared_tensors(work.tables))
         strategy.start()
         strategy.bucket_started()

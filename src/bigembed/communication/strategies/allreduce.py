@@ -9,6 +9,12 @@ update once, as one machine would (and as ``async_ps`` does); averaging would di
 shared parameters' learning rate by the number of trainers. Each round moves
 ``2 (W - 1) / W`` of the shared parameters per trainer, in the codec's bytes (reduce-scatter,
 then all-gather), and leaves every trainer with bit-identical shared parameters.
+
+With ``communication.overlap`` the gate opens once a round has read its values, so the round
+communicates while the workers train the next ``sync_every`` batches (one round of staleness,
+see :mod:`bigembed.communication.lockstep`). With ``communication.hierarchical`` and several
+trainers per host, the sums are reduced within each host first and across hosts by one leader
+per host (:mod:`bigembed.communication.hierarchical`).
 """
 
 from __future__ import annotations
@@ -36,11 +42,15 @@ class Allreduce(Strategy):
             gated=self.synchronous,
             sync_every=env.sync_every,
             interval=env.sync_interval,
-            on_data=self.data.round,
+            on_data=self._data_round,
             on_agree=self.data.agree,
             on_error=env.on_error,
             name=self.name,
+            overlap=env.overlap,
         )
+
+    def _data_round(self) -> None:
+        self.data.round(snapped=self.rounds_thread.snapshot_taken)
 
     def start(self) -> None:
         self.rounds_thread.start()

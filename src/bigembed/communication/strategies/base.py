@@ -82,6 +82,16 @@ class StrategyEnv:
     gate: BatchGate | None = None
     #: send row tables' changes as row-sparse deltas (``communication.sparse_rows``)
     sparse_rows: bool = False
+    #: a synchronous strategy opens the gate once a round's snapshot is taken, so its
+    #: communication overlaps the next ``sync_every`` batches (``communication.overlap``)
+    overlap: bool = False
+    #: reduce within a host first, then across hosts (``communication.hierarchical``)
+    hierarchical: bool = True
+    #: each trainer's host id, in the order of ``trainers`` (None: unknown, all reductions flat)
+    hosts: Sequence[str] | None = None
+    #: a new client of the rendezvous store (for a thread of its own), where
+    #: ``async_decentralized`` pairs the trainers that are ready
+    store_client: Callable[[], dist.Store] | None = None
 
 
 class Strategy(ABC):

@@ -81,6 +81,7 @@ class Decentralized(Strategy):
             on_agree=self._exact_mean,
             on_error=env.on_error,
             name=self.name,
+            overlap=env.overlap,
         )
 
     # ------------------------------------------------------------------ rounds
@@ -94,6 +95,7 @@ class Decentralized(Strategy):
         if state is None:
             state = self.peers[peer] = _Peer(self.initial, self.sizes, env)
         snap = gather(self.flat, self.segments)
+        self.rounds_thread.snapshot_taken()  # communication.overlap: the workers go on
         message = state.outbox.encode(snap - state.known_by)
         state.known_by += state.outbox.decode(message)
         reply = state.inbox.empty()
