@@ -10,6 +10,11 @@ Averaging the deltas is averaging the models: every trainer started the round fr
 so the mean of their values is ``last`` plus the mean of their changes. Adagrad accumulators
 of the merged value are clamped at 0 on every trainer alike (a lossy sum near 0 can dip below
 it); the clamp is part of the agreed value, not a change anybody sends.
+
+With ``communication.sparse_rows``, the row tables (``SharedTensors.row_tables``) and their
+row state leave the dense reduction and travel as row-sparse deltas in the same round
+(:class:`~bigembed.communication.sparse_reduce.RowReduce`, which keeps the same guarantees:
+the sum or mean, bit-identical on every trainer).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from torch import Tensor
 
 from bigembed.communication.param_server import ShardPlan, gather, scatter_add, scatter_copy
 from bigembed.communication.primitives import ShardedReduce
+from bigembed.communication.sparse_reduce import RowReduce
+from bigembed.communication.sparse_rows import row_tensors
 from bigembed.communication.strategies.base import SharedTensors, StrategyEnv
 
 
@@ -26,10 +33,34 @@ class DeltaReduce:
         self.mean = mean
         self.world = len(env.trainers)
         self.flat = shared.flat
-        self.plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
+        sparse = env.sparse_rows and bool(shared.row_tables)
+        skip = row_tensors(shared.row_tables) if sparse else frozenset()
+        numels = [0 if i in skip else n for i, n in enumerate(shared.numels)]
+        self.plan = ShardPlan(shared.names, numels, env.trainers, shared.nonnegative)
         self.reduce = ShardedReduce(env.rank, self.plan, env.codec, env.group, env.trainers)
         self.owners = self.plan.active_servers
         self.last = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
+        self.rows = (
+            RowReduce(
+                env.rank,
+                env.trainers,
+                env.group,
+                env.codec,
+                shared.tensors,
+                shared.row_tables,
+                mean=mean,
+            )
+            if sparse
+            else None
+        )
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.reduce.bytes_sent + (self.rows.bytes_sent if self.rows else 0)
+
+    @property
+    def bytes_received(self) -> int:
+        return self.reduce.bytes_received + (self.rows.bytes_received if self.rows else 0)
 
     def round(self) -> None:
         """A data round: the live tensors keep what the workers change meanwhile."""
@@ -52,6 +83,8 @@ class DeltaReduce:
             else:
                 scatter_add(self.flat, self.plan.segments[s], merged - snaps[s])
             self.last[s] = merged
+        if self.rows is not None:
+            self.rows.round(assign)
 
     def _clamp(self, owner: int, merged: Tensor) -> None:
         offset = 0

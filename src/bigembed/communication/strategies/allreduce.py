@@ -9,6 +9,13 @@ update once, as one machine would (and as ``async_ps`` does); averaging would di
 shared parameters' learning rate by the number of trainers. Each round moves
 ``2 (W - 1) / W`` of the shared parameters per trainer, in the codec's bytes (reduce-scatter,
 then all-gather), and leaves every trainer with bit-identical shared parameters.
+
+With ``communication.sparse_rows`` the embedding tables (``SharedTensors.row_tables``) move as
+row-sparse deltas instead: a sparse all-gather of every trainer's changed rows (indices, values
+in the codec's precision with per-row error feedback, row state), which each trainer sums in
+rank order, so the result stays bit-identical everywhere
+(:mod:`~bigembed.communication.sparse_reduce`). A round then moves ``W - 1`` times this
+trainer's changed rows instead of ``2 (W - 1) / W`` of the tables.
 """
 
 from __future__ import annotations
@@ -66,8 +73,8 @@ class Allreduce(Strategy):
 
     @property
     def bytes_sent(self) -> int:
-        return self.data.reduce.bytes_sent
+        return self.data.bytes_sent
 
     @property
     def bytes_received(self) -> int:
-        return self.data.reduce.bytes_received
+        return self.data.bytes_received
