@@ -20,9 +20,11 @@ bucket), and check:
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -111,6 +113,114 @@ def test_pending_rows_are_the_residuals_above_the_dead_band() -> None:
     assert changed_rows(live, ref, state, state, band=DEAD_BAND).tolist() == [3]
 
 
+# ---------------------------------------------------------------------- trainers as threads
+class _Wire:
+    """``exchange_rows`` between threads named by their rank (no process, no gloo)."""
+
+    def __init__(self) -> None:
+        self.boxes: dict[tuple[int, int, tuple[int, int]], queue.Queue[Any]] = defaultdict(
+            queue.Queue
+        )
+
+    def exchange_rows(
+        self, counts: torch.Tensor, payload: torch.Tensor, peers: list[int], *args: Any
+    ) -> tuple[dict[int, tuple[list[int], torch.Tensor]], int, int]:
+        me, tags = int(threading.current_thread().name), args[-1]
+        for p in peers:
+            self.boxes[(me, p, tags)].put((counts.tolist(), payload.clone()))
+        return {p: self.boxes[(p, me, tags)].get(timeout=10) for p in peers}, 0, 0
+
+
+def _in_threads(world: int, work: Callable[[int], None]) -> None:
+    threads = [threading.Thread(target=work, args=(r,), name=str(r)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+
+
+def _random_changes(
+    rng: np.random.Generator, tables: list[list[torch.Tensor]], rows: int
+) -> list[torch.Tensor]:
+    """Every trainer changes rows 0..4 (all collide) and 3 random others, and their state."""
+    total = [torch.zeros(rows, 6, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64)]
+    for table, state in tables:
+        idx = torch.cat([torch.arange(5), torch.from_numpy(rng.choice(np.arange(5, rows), 3))])
+        change = torch.from_numpy(rng.normal(size=(8, 6)).astype(np.float32)) * 1e-2
+        grown = torch.from_numpy(rng.random(8).astype(np.float32)) * 1e-2
+        table.index_add_(0, idx, change)
+        state.index_add_(0, idx, grown)
+        total[0].index_add_(0, idx, change.double())
+        total[1].index_add_(0, idx, grown.double())
+    return total
+
+
+def test_row_reduce_ends_bit_identical_with_colliding_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three trainers change the same rows every round at int8 (arbitrary floats, so the order
+    of the sum matters): every trainer ends every round with the same agreed bits, and the
+    same live bits after an assigning round, near the exact sum, the state exact."""
+    import bigembed.communication.sparse_reduce as sparse_reduce
+
+    monkeypatch.setattr(sparse_reduce, "exchange_rows", _Wire().exchange_rows)
+    world, rows = 3, 40
+    rng = np.random.default_rng(1)
+    start = [torch.from_numpy(rng.normal(size=(rows, 6)).astype(np.float32)), torch.ones(rows)]
+    tables = [[t.clone() for t in start] for _ in range(world)]
+    reducers = [
+        sparse_reduce.RowReduce(
+            r, range(world), None, get_codec("int8"), tables[r], {0: 1}, mean=False
+        )
+        for r in range(world)
+    ]
+    want = [t.double() for t in start]
+    for assign in [False] * 6 + [True]:
+        total = _random_changes(rng, tables, rows)
+        want = [w + t for w, t in zip(want, total, strict=True)]
+        _in_threads(world, lambda r, a=assign: reducers[r].round(a))
+        for reducer in reducers[1:]:  # the agreed rows (live ones too after an assignment)
+            for (a, b), (c, d) in zip(reducer.last, reducers[0].last, strict=True):
+                assert torch.equal(a, c) and torch.equal(b, d)
+    for table, state in tables[1:]:
+        assert torch.equal(table, tables[0][0]) and torch.equal(state, tables[0][1])
+    assert float((tables[0][0].double() - want[0]).abs().max()) < 1e-3
+    assert float((tables[0][1].double() - want[1]).abs().max()) < 1e-5
+
+
+def test_gossip_keeps_the_trainers_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pair rounds at int8 move the trainers towards each other and keep the sum of their
+    values exactly (up to float rounding), round after round: the two sides of a meeting move
+    by opposite amounts computed from copies they hold bit for bit alike."""
+    import bigembed.communication.sparse_gossip as sparse_gossip
+    from bigembed.communication.primitives import peer_of
+
+    monkeypatch.setattr(sparse_gossip, "exchange_rows", _Wire().exchange_rows)
+    world, rows = 3, 40
+    rng = np.random.default_rng(2)
+    start = [torch.from_numpy(rng.normal(size=(rows, 6)).astype(np.float32)), torch.ones(rows)]
+    tables = [[t.clone() for t in start] for _ in range(world)]
+    gossips = [
+        sparse_gossip.RowGossip(r, range(world), None, get_codec("int8"), tables[r], {0: 1})
+        for r in range(world)
+    ]
+    want = [world * t.double() for t in start]
+    for rnd in range(30):
+        if rnd < 10:
+            total = _random_changes(rng, tables, rows)
+            want = [w + t for w, t in zip(want, total, strict=True)]
+
+        def meet(r: int, rnd: int = rnd) -> None:
+            peer = peer_of(r, list(range(world)), rnd)
+            if peer is not None:
+                gossips[r].pair_round(peer)
+
+        _in_threads(world, meet)
+        for k in (0, 1):
+            kept = sum(t[k].double() for t in tables)
+            assert float((kept - want[k]).abs().max()) < 2e-6, (rnd, k)
+    spread = max(float((t[0] - tables[0][0]).abs().max()) for t in tables)
+    assert spread < 1e-3  # and they met: the values converged
+
+
 # ---------------------------------------------------------------------- over gloo
 def _initial() -> list[torch.Tensor]:
     """Dyadic values (multiples of 2**-10 in [0, 1)): the sums below are exact in float32."""
@@ -175,17 +285,37 @@ def _drive(
     before = [t.clone() for t in tensors]
     s.agree(30)
     dist.barrier(group=side)
-    result = {
-        "tensors": [t.clone() for t in tensors],
-        "before": before,
-        "errors": errors,
-        "rounds": s.rounds,
-        "sent": s.bytes_sent,
-        "received": s.bytes_received,
-    }
+    result = {"tensors": [t.clone() for t in tensors], "before": before, "errors": errors}
     s.stop()
     result["threads"] = [t.name for t in threading.enumerate() if t.name.startswith("bigembed")]
+    result.update(
+        rounds=s.rounds, sent=s.bytes_sent, received=s.bytes_received, wire=s.wire_bytes()
+    )
     return result
+
+
+_ON_WIRE = [0]  # bytes this process sent point to point, but the lockstep headers (see _rank)
+
+
+def _count_sends() -> None:
+    """Count every point-to-point send's bytes, except the round headers of the lockstep
+    thread and the dense sharer (which no strategy counts, dense or sparse)."""
+    import torch.distributed as dist
+
+    from bigembed.communication.param_server import TAG_HEADER
+    from bigembed.communication.primitives import TAG_FLAGS
+
+    lock = threading.Lock()
+    for name in ("send", "isend"):
+        original = getattr(dist, name)
+
+        def counted(tensor: torch.Tensor, *args: Any, _send: Any = original, **kw: Any) -> Any:
+            if kw.get("tag") not in (TAG_FLAGS, TAG_HEADER):
+                with lock:
+                    _ON_WIRE[0] += tensor.numel() * tensor.element_size()
+            return _send(tensor, *args, **kw)
+
+        setattr(dist, name, counted)
 
 
 def _rank(rank: int, world: int, store: str, out: str, precision: str) -> None:
@@ -199,11 +329,14 @@ def _rank(rank: int, world: int, store: str, out: str, precision: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     side = dist.new_group(backend="gloo")
+    _count_sends()
     gate = BatchGate(1)  # the run's gate, shared by consecutive synchronous instances
     for strategy in STRATEGY_NAMES:
         for sparse in (False, True):
             faulthandler.dump_traceback_later(60, exit=True)
+            on_wire = _ON_WIRE[0]
             result = _drive(rank, world, side, strategy, precision, sparse, gate)
+            result["on_wire"] = _ON_WIRE[0] - on_wire
             name = f"{strategy}-{'sparse' if sparse else 'dense'}-{rank}.pt"
             torch.save(result, os.path.join(out, name))
             dist.barrier(group=side)
@@ -287,8 +420,10 @@ def test_sparse_rows_over_gloo(
         for res in sparse[1:]:
             for a, b in zip(sparse[0]["tensors"], res["tensors"], strict=True):
                 assert torch.equal(a, b)
+    # every byte counted went over the wire, indices and row counts included
+    assert sum(r["wire"] for r in sparse) == sum(r["on_wire"] for r in sparse)
     sent, received = (sum(r[k] for r in sparse) for k in ("sent", "received"))
-    if strategy != "async_ps":  # (a sharer may be mid-round when the counters are read)
+    if strategy != "async_ps":  # (servers do not count their side)
         assert sent == received
     per_round = [
         sum(r["sent"] for r in runs) / sum(r["rounds"] for r in runs) for runs in (sparse, dense)

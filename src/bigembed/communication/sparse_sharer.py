@@ -186,6 +186,7 @@ class RowSharer:
             for server in self.ranges:
                 if server != self.rank:
                     dist.send(bye, dst=server, group=self.group, tag=TAG_PUSH_HEAD)
+                    self.bytes_sent += 8 * bye.numel()
         except Exception as exc:  # reported to the watchdog, which stops the run
             self.on_error(f"row sharer on rank {self.rank} failed: {exc}")
 
