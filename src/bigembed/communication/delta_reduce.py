@@ -10,6 +10,11 @@ Averaging the deltas is averaging the models: every trainer started the round fr
 so the mean of their values is ``last`` plus the mean of their changes. Adagrad accumulators
 of the merged value are clamped at 0 on every trainer alike (a lossy sum near 0 can dip below
 it); the clamp is part of the agreed value, not a change anybody sends.
+
+With ``communication.sparse_rows``, the row tables (``SharedTensors.row_tables``) and their
+row state leave the dense reduction and travel as row-sparse deltas in the same round
+(:class:`~bigembed.communication.sparse_reduce.RowReduce`, which keeps the same guarantees:
+the sum or mean, bit-identical on every trainer).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from torch import Tensor
 
 from bigembed.communication.hierarchical import make_reduce
 from bigembed.communication.param_server import ShardPlan, gather, scatter_add, scatter_copy
+from bigembed.communication.sparse_reduce import RowReduce
+from bigembed.communication.sparse_rows import row_tensors
 from bigembed.communication.strategies.base import SharedTensors, StrategyEnv
 
 
@@ -28,11 +35,35 @@ class DeltaReduce:
         self.mean = mean
         self.world = len(env.trainers)
         self.flat = shared.flat
-        self.plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
+        sparse = env.sparse_rows and bool(shared.row_tables)
+        skip = row_tensors(shared.row_tables) if sparse else frozenset()
+        numels = [0 if i in skip else n for i, n in enumerate(shared.numels)]
+        self.plan = ShardPlan(shared.names, numels, env.trainers, shared.nonnegative)
         hosts = env.hosts if env.hierarchical else None  # flat, or host by host
         self.reduce = make_reduce(env.rank, self.plan, env.codec, env.group, env.trainers, hosts)
         self.owners = self.plan.active_servers
         self.last = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
+        self.rows = (
+            RowReduce(
+                env.rank,
+                env.trainers,
+                env.group,
+                env.codec,
+                shared.tensors,
+                shared.row_tables,
+                mean=mean,
+            )
+            if sparse
+            else None
+        )
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.reduce.bytes_sent + (self.rows.bytes_sent if self.rows else 0)
+
+    @property
+    def bytes_received(self) -> int:
+        return self.reduce.bytes_received + (self.rows.bytes_received if self.rows else 0)
 
     def round(self, snapped: Callable[[], None] | None = None) -> None:
         """A data round: the live tensors keep what the workers change meanwhile.
@@ -46,7 +77,9 @@ class DeltaReduce:
 
     def _round(self, assign: bool, snapped: Callable[[], None] | None = None) -> None:
         snaps = {s: gather(self.flat, self.plan.segments[s]) for s in self.owners}
-        if snapped is not None:
+        if self.rows is not None:  # the row tables' round first: it calls snapped once read
+            self.rows.round(assign, snapped)
+        elif snapped is not None:
             snapped()
         sums = self.reduce.reduce({s: snaps[s] - self.last[s] for s in self.owners})
         for s in self.owners:

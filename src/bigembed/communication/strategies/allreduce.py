@@ -15,6 +15,13 @@ communicates while the workers train the next ``sync_every`` batches (one round 
 see :mod:`bigembed.communication.lockstep`). With ``communication.hierarchical`` and several
 trainers per host, the sums are reduced within each host first and across hosts by one leader
 per host (:mod:`bigembed.communication.hierarchical`).
+
+With ``communication.sparse_rows`` the embedding tables (``SharedTensors.row_tables``) move as
+row-sparse deltas instead: a sparse all-gather of every trainer's changed rows (indices, values
+in the codec's precision with per-row error feedback, row state), which each trainer sums in
+rank order, so the result stays bit-identical everywhere
+(:mod:`~bigembed.communication.sparse_reduce`). A round then moves ``W - 1`` times this
+trainer's changed rows instead of ``2 (W - 1) / W`` of the tables.
 """
 
 from __future__ import annotations
@@ -76,8 +83,8 @@ class Allreduce(Strategy):
 
     @property
     def bytes_sent(self) -> int:
-        return self.data.reduce.bytes_sent
+        return self.data.bytes_sent
 
     @property
     def bytes_received(self) -> int:
-        return self.data.reduce.bytes_received
+        return self.data.bytes_received

@@ -11,6 +11,9 @@ Averaging, as in local SGD and Bagua's asynchronous model average, divides each 
 contribution to the shared parameters by the number of trainers: with sparse shared tables
 (an unpartitioned entity type most buckets touch in different rows) it learns them more
 slowly than ``allreduce`` or ``async_ps``, which sum.
+
+With ``communication.sparse_rows`` the embedding tables move as row-sparse deltas, averaged
+the same way (see ``allreduce`` and :mod:`~bigembed.communication.sparse_reduce`).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ so a checkpoint holds one agreed value.
 
 Averaging divides each trainer's contribution to the shared parameters by two per meeting (as
 any gossip averaging does): see ``async_model_average`` for what that does to sparse tables.
+
+With ``communication.sparse_rows`` the row tables (``SharedTensors.row_tables``) and their row
+state take the row-sparse form of both the pair exchange and the agreement
+(:class:`~bigembed.communication.sparse_gossip.RowGossip`): only the rows that differ from
+what the peer holds travel, with their indices.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from bigembed.communication.param_server import (
 )
 from bigembed.communication.primitives import TAG_PAIR, ShardedReduce, exchange, peer_of
 from bigembed.communication.segment_stream import SegmentStream
+from bigembed.communication.sparse_gossip import RowGossip
+from bigembed.communication.sparse_rows import row_tensors
 from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
 from bigembed.train import BatchGate
 
@@ -57,7 +64,17 @@ class Decentralized(Strategy):
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         super().__init__(env, shared)
         self.flat = shared.flat
-        self.segments = [Segment(i, 0, n) for i, n in enumerate(shared.numels) if n > 0]
+        sparse = env.sparse_rows and bool(shared.row_tables)
+        skip = row_tensors(shared.row_tables) if sparse else frozenset()
+        numels = [0 if i in skip else n for i, n in enumerate(shared.numels)]
+        self.segments = [Segment(i, 0, n) for i, n in enumerate(numels) if n > 0]
+        self.rows = (
+            RowGossip(
+                env.rank, env.trainers, env.group, env.codec, shared.tensors, shared.row_tables
+            )
+            if sparse
+            else None
+        )
         self.sizes = [seg.size for seg in self.segments]
         # every trainer starts from rank 0's values: the copies of each other start equal
         self.initial = gather(self.flat, self.segments)
@@ -65,7 +82,7 @@ class Decentralized(Strategy):
         self.pair_rounds = 0
         self.bytes_out = 0
         self.bytes_in = 0
-        plan = ShardPlan(shared.names, shared.numels, env.trainers, shared.nonnegative)
+        plan = ShardPlan(shared.names, numels, env.trainers, shared.nonnegative)
         self.plan = plan
         self.exact = ShardedReduce(env.rank, plan, get_codec("fp32"), env.group, env.trainers)
         self.gate = gate = env.gate or BatchGate(env.workers)
@@ -90,6 +107,10 @@ class Decentralized(Strategy):
         peer = peer_of(env.rank, env.trainers, self.pair_rounds)
         self.pair_rounds += 1
         if peer is None:
+            return
+        if self.rows is not None:
+            self.rows.pair_round(peer)
+        if not self.segments:
             return
         state = self.peers.get(peer)
         if state is None:
@@ -121,6 +142,8 @@ class Decentralized(Strategy):
         world = len(self.env.trainers)
         for s in owners:
             scatter_copy(self.flat, self.plan.segments[s], sums[s] / world)
+        if self.rows is not None:
+            self.rows.agree()
 
     # ------------------------------------------------------------------ hooks
     def start(self) -> None:
@@ -147,8 +170,10 @@ class Decentralized(Strategy):
 
     @property
     def bytes_sent(self) -> int:
-        return self.bytes_out + self.exact.bytes_sent
+        rows = self.rows.bytes_sent if self.rows else 0
+        return self.bytes_out + self.exact.bytes_sent + rows
 
     @property
     def bytes_received(self) -> int:
-        return self.bytes_in + self.exact.bytes_received
+        rows = self.rows.bytes_received if self.rows else 0
+        return self.bytes_in + self.exact.bytes_received + rows
