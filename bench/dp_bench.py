@@ -7,7 +7,7 @@ ranks its test edges with ``bigembed eval`` (filtered MRR, against every entity)
 * ``partitioned``: N ranks x 1 worker, PBG's mode (buckets under partition locks; on a
   1-partition graph one rank trains while the others wait);
 * ``data_parallel``: N ranks x 1 worker, every rank trains its share of the same bucket's
-  edges (``communication.edge_split``) and ``communication.strategy`` keeps every parameter
+  batches (``communication.edge_split``) and ``communication.strategy`` keeps every parameter
   in step (``precision``; ``sparse_rows``: row-sparse deltas or whole tables).
 
 Ranks are started by hand, each pinned to its own core (bench/rank_runs.py); as root each is a
@@ -17,8 +17,9 @@ and the bytes are bigembed's own count. Columns: epoch time (the steps' seconds 
 training_stats.json, epochs 2+ when there are several), its speed-up over the one-machine
 row of the same graph, filtered test MRR, MB per epoch, and the seconds per epoch the
 trainers' workers waited at the synchronous strategies' gate (``gate_wait_seconds``, summed
-over trainers). On the ``skewed`` graph the data-parallel rows compare the load-balancing
-sampler with an even split of the edges. A few target lines follow the table.
+over trainers). On the ``skewed`` graph (one relation per batch, a ``linear`` one costing
+many times a ``diagonal`` one) the data-parallel rows compare the load-balancing sampler with
+an even split of the bucket's batches. A few target lines follow the table.
 
     sudo python bench/dp_bench.py --quick          # the reduced matrix (~20 min on 2 cores)
     sudo python bench/dp_bench.py                  # every strategy x precision x sparse
@@ -52,8 +53,9 @@ PORT = 29670
 SYNCHRONOUS = ("allreduce", "decentralized")
 #: What the skewed graph's rows compare (the table's caption says it).
 EDGE_SPLITS = (
-    "even = equal contiguous slices of the bucket's shuffled edges, load_balancing = Bagua's "
-    "sampler over the cost model's per-edge costs"
+    "even = equal contiguous slices of the bucket's batch plan (the batches in the plan's random "
+    "order, one relation per batch on the skewed graph), load_balancing = Bagua's sampler over "
+    "the batches' costs (the cost model's)"
 )
 
 
@@ -233,8 +235,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--slashdot-nodes", type=int, default=82_168)
     add("--slashdot-edges", type=int, default=948_464)
     add("--test-edges", type=int, default=5_000, help="withheld from generated graphs")
-    add("--skew-nodes", type=int, default=5_000)
-    add("--skew-edges", type=int, default=200_000)
+    add("--skew-nodes", type=int, default=2_000)
+    add("--skew-edges", type=int, default=300_000)
     add("--skew-linear-share", type=float, default=0.1)
     add("--skew-dimension", type=int, default=512)
     add("-p", "--param", action="append", default=[], help="KEY=VALUE for every run")
