@@ -23,7 +23,7 @@ an even split of the bucket's batches. A few target lines follow the table.
 
     sudo python bench/dp_bench.py --quick          # the reduced matrix (~20 min on 2 cores)
     sudo python bench/dp_bench.py                  # every strategy x precision x sparse
-    sudo python bench/dp_bench.py --graphs skewed --strategies allreduce,decentralized
+    sudo python bench/dp_bench.py --graphs skewed --skew-strategies allreduce,decentralized
     python bench/dp_bench.py --smoke               # tiny graphs, 1 epoch: does it all run
     python bench/dp_bench.py --table-from a.json b.json   # one table of saved rows
 """
@@ -110,8 +110,9 @@ def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
             argv += ["-p", p]
         log = work / "rank0.log"
         with log.open("w") as out:
+            cmd = pinned(argv, 0)
             done = subprocess.run(
-                pinned(argv, 0), cwd=ROOT, env=bench_env(), stdout=out, stderr=out
+                cmd, cwd=ROOT, env=bench_env(), stdout=out, stderr=out, timeout=args.row_timeout
             )
         if done.returncode:
             raise RuntimeError(f"one machine failed:\n{log.read_text()[-2000:]}")
@@ -128,6 +129,7 @@ def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
             delay=args.delay,
             port=PORT,
             pin=True,
+            timeout=args.row_timeout,
         )
         wire = run.wire_bytes
         source = "interface counters" if wire is not None else "bigembed's count"
@@ -240,6 +242,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--skew-linear-share", type=float, default=0.1)
     add("--skew-dimension", type=int, default=512)
     add("-p", "--param", action="append", default=[], help="KEY=VALUE for every run")
+    add("--row-timeout", type=float, default=1800, help="seconds a row's training may take")
     add("--link", default="1gbit", help="tc rate of every link, or unshaped")
     add("--delay", default="1ms", help="netem delay each way (if netem exists)")
     add("--loopback", action="store_true", help="no namespaces even as root")
@@ -290,9 +293,18 @@ def main() -> int:
     graphs = prepare(args)
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
     rows: list[Row] = []
+    failed: list[str] = []
     for plan in plans(args, graphs):
-        rows.append(run_one(plan, args, use_netns))
+        try:
+            rows.append(run_one(plan, args, use_netns))
+        except (RuntimeError, subprocess.SubprocessError) as exc:  # the other rows still run
+            what = f"{plan.graph.name} p{plan.graph.partitions} {plan.mode} {plan.params()}"
+            failed.append(what)
+            print(f"FAILED: {what}: {exc}", flush=True)
+            continue
         print(json.dumps(asdict(rows[-1])), flush=True)
+        if args.json:  # saved as it goes: a long matrix stopped midway keeps its rows
+            Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     shaping = "loopback (bytes: bigembed's count)"
     if use_netns:
         link = None if args.link == "unshaped" else args.link
@@ -310,12 +322,12 @@ def main() -> int:
         f"{EDGE_SPLITS}"
     )
     table = markdown(caption, rows) + "\n" + "\n".join(target_lines(rows))
+    if failed:
+        table += "\n\nFailed (their last lines are printed above):\n" + "\n".join(failed)
     print("\n" + table)
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
     if args.markdown:
         Path(args.markdown).write_text(table + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
