@@ -162,8 +162,8 @@ def target_lines(rows: list[Row]) -> list[str]:
             ),
             None,
         )
-        if lb is None or lb.gate_wait_s is None:
-            continue
+        if lb is None or lb.gate_wait_s is None or r.gate_wait_s + lb.gate_wait_s == 0:
+            continue  # nobody waited (no synchronous round in a bucket): nothing to judge
         ratio = r.gate_wait_s / lb.gate_wait_s if lb.gate_wait_s > 0 else float("inf")
         out.append(
             f"* {r.graph}, {r.ranks} ranks, {r.strategy} {r.precision}: gate wait even "
