@@ -9,7 +9,7 @@ from .codecs import (
     wire_bytes,
 )
 from .row_delta import TRANSFER_DTYPE, RowDelta, to_transfer
-from .strategies import SharedTensors, StrategyEnv, make_strategy
+from .strategies import SharedTensors, Strategy, StrategyEnv, make_strategy
 
 __all__ = [
     "INT8_CHUNK",
@@ -21,6 +21,7 @@ __all__ = [
     "NonFiniteError",
     "RowDelta",
     "SharedTensors",
+    "Strategy",
     "StrategyEnv",
     "get_codec",
     "make_strategy",

@@ -115,6 +115,11 @@ def distributed_settings(cfg: ConfigSchema) -> list[str]:
             "distributed_init_method: required when num_machines > 1 "
             "(e.g. tcp://HOST:PORT or file:///shared/path)"
         )
+    if cfg.distributed_mode == "data_parallel" and cfg.num_partition_servers > 0:
+        problems.append(
+            "num_partition_servers: data_parallel replicas keep their own copy of the tables "
+            "and need no partition servers; set num_partition_servers: -1 (or 0)"
+        )
     return problems
 
 
@@ -241,7 +246,13 @@ def config_warnings(cfg: ConfigSchema) -> list[str]:
                 f"{key}: {value} is accepted for PBG compatibility and ignored ({reason}); "
                 f"remove it or set it to the default {default}"
             )
-    if cfg.num_machines > 1 and cfg.bucket_order != fields["bucket_order"].default:
+    if cfg.num_machines == 1 and cfg.distributed_mode != fields["distributed_mode"].default:
+        out.append(
+            f"distributed_mode: {cfg.distributed_mode} is ignored with num_machines: 1 (one "
+            "machine trains every bucket itself)"
+        )
+    partitioned = cfg.distributed_mode == "partitioned"
+    if cfg.num_machines > 1 and partitioned and cfg.bucket_order != fields["bucket_order"].default:
         out.append(
             f"bucket_order: {cfg.bucket_order} is ignored with num_machines > 1 (the lock server "
             "chooses the buckets, as in PBG)"

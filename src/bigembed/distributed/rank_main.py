@@ -62,16 +62,18 @@ def train_distributed(
 
     ``report`` receives rank 0's per-step summary lines (the command prints them).
     """
+    from bigembed.distributed.data_parallel import DataParallelTrainer
     from bigembed.distributed.trainer import DistributedTrainer
 
     RankLayout.of(cfg).check_trainer_rank(rank)
     parts = max((e.num_partitions for e in cfg.entities.values()), default=1)
     busy = max(1, parts // 2)
-    if rank == 0 and cfg.num_machines > busy:
+    data_parallel = cfg.distributed_mode == "data_parallel"
+    if rank == 0 and cfg.num_machines > busy and not data_parallel:
         logger.warning(
             "num_machines is %d but with %d partitions at most %d trainers can work at once "
             "(a bucket holds 2 partitions, none may be held twice); the others will wait. "
-            "Advice: num_machines = num_partitions / 2",
+            "Advice: num_machines = num_partitions / 2, or distributed_mode: data_parallel",
             cfg.num_machines,
             parts,
             busy,
@@ -87,7 +89,8 @@ def train_distributed(
     _share_cores(ctx)
 
     def body() -> TrainResult:
-        trainer = DistributedTrainer(
+        mode = DataParallelTrainer if data_parallel else DistributedTrainer
+        trainer = mode(
             cfg, ctx, progress=progress and rank == 0, report=report if rank == 0 else None
         )
         result = trainer.train()

@@ -10,6 +10,7 @@ from .observers import BucketWork, Observer, TrainingObserver
 from .plotting import plot_training
 from .policy import checkpoint_metadata, commit_with_stats, resume
 from .records import BucketRecord, StepLog, StepRecord, merge_step_logs, read_training_log
+from .replica_share import ReplicaShare
 from .single_machine import Trainer, train
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "ModelState",
     "Observer",
     "PartitionStore",
+    "ReplicaShare",
     "StepLog",
     "StepRecord",
     "StopTraining",

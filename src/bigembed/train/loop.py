@@ -63,6 +63,7 @@ from bigembed.train.records import (
 
 __all__ = [
     "BucketSource",
+    "EdgeShare",
     "Iteration",
     "StopTraining",
     "TrainResult",
@@ -74,6 +75,23 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _mix = mix_seed  # the name tests know
+
+
+class EdgeShare(Protocol):
+    """One replica's share of a bucket's training edges (data-parallel training, where every
+    replica trains the same bucket): see :class:`bigembed.train.replica_share.ReplicaShare`."""
+
+    def prepare(
+        self,
+        it: Iteration,
+        bucket: Bucket,
+        pool: HogwildPool,
+        edges: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+        seed: int,
+    ) -> PreparedEdges:
+        """This replica's batches of ``edges`` (the bucket's shuffled training edges, the same
+        on every replica), prepared for ``pool``."""
+        ...
 
 
 class BucketSource(Protocol):
@@ -114,9 +132,11 @@ class TrainingLoop:
         checkpoints: CheckpointPolicy,
         observers: Sequence[TrainingObserver] = (),
         gate: BatchGate | None = None,
+        share: EdgeShare | None = None,
     ) -> None:
         """``gate``: passed by every worker before each batch (see
-        :mod:`bigembed.train.hogwild.gate`); its owner can hold training back."""
+        :mod:`bigembed.train.hogwild.gate`); its owner can hold training back. ``share``: this
+        replica's share of each bucket (data-parallel training), else every edge."""
         self.job = job
         self.cfg = job.cfg
         self.state = state
@@ -125,6 +145,7 @@ class TrainingLoop:
         self.checkpoints = checkpoints
         self.observers = Observers(observers)
         self.gate = gate
+        self.share = share
         self._last_record: StepRecord | None = None
         self.kernel: KernelChoice | None = None  # decided when the run starts
         #: the edge read-ahead thread (inline without ``partition_prefetch``)
@@ -148,7 +169,8 @@ class TrainingLoop:
         # Decided once, here: the workers load the library it names and never decide again.
         self.kernel = setup.kernel = choose_kernel(cfg.kernel, setup.model, setup.negs)
         (logger.warning if self.kernel.degraded else logger.info)("%s", self.kernel.line())
-        pool = HogwildPool(setup, cfg.resolved_workers(), steal=cfg.load_balancing == "cost")
+        steal = cfg.load_balancing == "cost" or self.share is not None  # a share is planned
+        pool = HogwildPool(setup, cfg.resolved_workers(), steal=steal)
         self.partitions.on_release = pool.forget
         started = time.perf_counter()
         finished = False
@@ -188,6 +210,7 @@ class TrainingLoop:
 
         t0 = time.perf_counter()
         wait0 = store.io_wait_seconds
+        gate0 = self.gate.wait_seconds() if self.gate is not None else 0.0
         totals = StepStats()
         records: list[BucketRecord] = []
         grid = (partitions_per_side(self.cfg, "lhs"), partitions_per_side(self.cfg, "rhs"))
@@ -251,6 +274,10 @@ class TrainingLoop:
         )
         if self.kernel is not None:
             step.kernel, step.kernel_reason = self.kernel.kernel, self.kernel.reason
+        if self.gate is not None:
+            step.gate_wait_seconds = self.gate.wait_seconds() - gate0
+        if self.share is not None:
+            step.mode = "data_parallel"
         observers.step_finished(step)
         self.checkpoints.commit_step(it, StepLog(records, step))
         self._last_record = step
@@ -299,7 +326,10 @@ class TrainingLoop:
             held_out = HeldOut(lhs[eval_idx], rhs[eval_idx], rel[eval_idx], ew)
         tw = None if weight is None else weight[train_idx]
         seed = mix_seed(cfg.seed, 5, it.index, i, j) % (1 << 40)
-        return held_out, pool.prepare(lhs[train_idx], rhs[train_idx], rel[train_idx], tw, seed)
+        edges = (lhs[train_idx], rhs[train_idx], rel[train_idx], tw)
+        if self.share is not None:  # the same edges on every replica: this one's share of them
+            return held_out, self.share.prepare(it, bucket, pool, edges, seed)
+        return held_out, pool.prepare(*edges, seed)
 
 
 def _position(it: Iteration) -> Position:

@@ -193,15 +193,25 @@ class StepRecord(JsonForm):
     #: the run's kernel choice (bigembed.kernels.native.choice); absent from older files
     kernel: str | None = omit_none()
     kernel_reason: str | None = omit_none()
+    #: distributed, synchronous strategies: seconds the workers waited at the strategy's gate
+    #: (summed over workers and, merged, over trainers), and each trainer's share
+    gate_wait_seconds: float | None = omit_none()
+    gate_wait_by_trainer: list[float] | None = omit_none()
+    #: data-parallel runs: "data_parallel" (absent: partitioned or one machine)
+    mode: str | None = omit_none()
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def edges_per_sec(self) -> float:
         return self.stats.count / self.seconds if self.seconds > 0 else 0.0
 
-    @field_serializer("io_wait_seconds")
+    @field_serializer("io_wait_seconds", "gate_wait_seconds")
     def _rounded(self, value: float | None) -> float | None:
         return None if value is None else round(value, 4)
+
+    @field_serializer("gate_wait_by_trainer")
+    def _rounded_list(self, value: list[float] | None) -> list[float] | None:
+        return None if value is None else [round(v, 4) for v in value]
 
     @model_validator(mode="before")
     @classmethod
@@ -243,6 +253,9 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
     """
     steps = [p.step for p in parts]
     waits = [s.io_wait_seconds for s in steps if s.io_wait_seconds is not None]
+    gates = [s.gate_wait_seconds or 0.0 for s in steps]
+    if all(s.gate_wait_seconds is None for s in steps):
+        gates = []
 
     def total(key: str) -> int:
         return sum(getattr(s, key) or 0 for s in steps)
@@ -259,6 +272,9 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         lock_waits=total("lock_waits"),
         trainers=len(parts),
         io_wait_seconds=sum(waits) if waits else None,
+        gate_wait_seconds=sum(gates) if gates else None,
+        gate_wait_by_trainer=gates if gates else None,
+        mode=steps[0].mode,
         **_merge_kernels(steps),
     )
     buckets = [replace(b, trainer=r) for r, p in enumerate(parts) for b in p.buckets]

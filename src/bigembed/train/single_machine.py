@@ -159,14 +159,19 @@ class Trainer:
         return max(2, self.memory.capacity // max(len(types), 1))
 
     def open_partitions(
-        self, committed: int, init_source: PartitionSource | None, shared: bool
+        self,
+        committed: int,
+        init_source: PartitionSource | None,
+        shared: bool,
+        checkpoint: CheckpointStore | None = None,
     ) -> PartitionStore:
-        """The partition store of a run resumed at ``committed`` (swapping to this checkpoint)."""
+        """The partition store of a run resumed at ``committed``, swapping to ``checkpoint``
+        (default: this run's; a data-parallel replica swaps to its own scratch store)."""
         counts = self.job.partition_counts()
         return self.partitions_type(
             counts,
             self.job.dimensions(),
-            self.checkpoint,
+            checkpoint or self.checkpoint,
             committed=committed,
             working=committed + 1,
             init_source=init_source,

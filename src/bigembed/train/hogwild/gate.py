@@ -31,18 +31,29 @@ class BatchGate:
     def __init__(self, workers: int) -> None:
         self.done = torch.zeros(workers, dtype=torch.int64).share_memory_()
         self.budget = torch.full((1,), OPEN, dtype=torch.int64).share_memory_()
+        #: seconds each worker has waited here (its own slot)
+        self.waited = torch.zeros(workers, dtype=torch.float64).share_memory_()
 
     # ------------------------------------------------------------------ worker side
-    def wait_turn(self) -> None:
-        """Called by a worker before each batch: returns once the budget allows one more."""
+    def wait_turn(self, slot: int = 0) -> None:
+        """Called by worker ``slot`` before each batch: returns once the budget allows one
+        more (the time it waited is added to its ``waited`` slot)."""
+        if int(self.done.sum()) < int(self.budget[0]):
+            return
+        started = time.perf_counter()
         while int(self.done.sum()) >= int(self.budget[0]):
             time.sleep(_POLL_S)
+        self.waited[slot] += time.perf_counter() - started
 
     def passed(self, slot: int) -> None:
         """Called by worker ``slot`` after each batch."""
         self.done[slot] += 1
 
     # ------------------------------------------------------------------ controller side
+    def wait_seconds(self) -> float:
+        """Seconds all workers have waited at the gate so far (in this run), summed."""
+        return float(self.waited.sum())
+
     def batches(self) -> int:
         """Batches finished by all workers so far (in this run)."""
         return int(self.done.sum())

@@ -144,6 +144,25 @@ class HogwildPool:
         # in plan order: batch k is rows plan[k, 0]:plan[k, 1] of the buffer
         return self.buffers.fill((lhs, rhs, rel, weight), order, seed, plan)
 
+    def prepare_planned(
+        self,
+        edges: tuple[Tensor, Tensor, Tensor, Tensor | None],
+        order: Tensor,
+        plan: np.ndarray,
+        seed: int,
+    ) -> PreparedEdges:
+        """Edges whose batches were planned by the caller (data-parallel training: a replica's
+        share of a bucket's batches, in the sampler's order): batch ``k`` is the edges
+        ``order[plan[k, 0]:plan[k, 1]]``. The batches are trained in plan order, taken from the
+        shared queue with several workers (the pool must steal: ``steal=True``)."""
+        if self.workers > 1 and self._batches is None:
+            raise ValueError("a planned bucket needs a work-stealing pool (steal=True)")
+        if self.workers == 1:
+            lhs, rhs, rel, weight = (None if t is None else t[order] for t in edges)
+            assert lhs is not None and rhs is not None and rel is not None
+            return PreparedEdges(lhs, rhs, rel, weight, seed, plan)
+        return self.buffers.fill(edges, order, seed, plan)
+
     def run(
         self,
         tables: dict[PartitionKey, Table],
@@ -184,7 +203,16 @@ class HogwildPool:
                 on_wait()
 
             task = BucketTask(
-                tables, sides, edges.lhs, edges.rhs, edges.rel, edges.weight, 0, n, seed
+                tables,
+                sides,
+                edges.lhs,
+                edges.rhs,
+                edges.rel,
+                edges.weight,
+                0,
+                n,
+                seed,
+                plan=edges.plan,
             )
             started = time.perf_counter()
             stats = run_task(self.setup, task, self._trainer, progress)

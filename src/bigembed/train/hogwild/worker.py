@@ -91,6 +91,14 @@ def _stolen(task: BucketTask, batches: BatchQueue) -> Iterator[Batch]:
         yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, task.plan[k])
 
 
+def _in_order(task: BucketTask) -> Iterator[Batch]:
+    """A planned task trained by one worker: the plan's batches in order (data-parallel
+    training gives each replica its batches in the sampler's order)."""
+    assert task.plan is not None
+    for row in task.plan:
+        yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, row)
+
+
 def run_task(
     setup: WorkerSetup,
     task: BucketTask,
@@ -109,13 +117,12 @@ def run_task(
     total = StepStats()
     gate = setup.gate
     if task.plan is not None:
-        assert batches is not None, "a planned task needs the batch queue"
-        source = _stolen(task, batches)
+        source = _in_order(task) if batches is None else _stolen(task, batches)
     else:
         source = _even_share(setup, task, np.random.default_rng(task.seed))
     for batch in source:
         if gate is not None:
-            gate.wait_turn()
+            gate.wait_turn(slot)
         lhs_key, rhs_key = task.sides[batch.relation_idx]
         stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key])
         total.add(stats)

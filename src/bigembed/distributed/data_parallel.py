@@ -1,0 +1,223 @@
+"""Data-parallel training (``distributed_mode: data_parallel``): Bagua's and DGL-KE's model.
+
+Every trainer is a replica: it walks the same buckets in the same order as the others (the
+configured ``bucket_order``, drawn from the seed, as one machine would), trains its share of
+each bucket's batches (:class:`~bigembed.train.replica_share.ReplicaShare`: Bagua's
+load-balancing sampler over the batches' costs) and the communication strategy keeps every
+parameter in step, entity tables included (:class:`~bigembed.distributed.replica_sync.ReplicaSync`).
+A graph with one partition trains on every trainer, not on one.
+
+Where the values live:
+
+* rank 0's replica swaps to the checkpoint directory and writes the checkpoint, exactly as one
+  machine does; the others swap to a private scratch directory of their own (created here,
+  removed at the end), so no disk is shared and no partition crosses the network as a whole;
+* at the start every trainer takes rank 0's values: the model and, when resuming (or warm
+  starting from ``init_path``), every table, broadcast once; a fresh run's tables are the same
+  everywhere already (seeded initialisation), which the first bucket's agreement checks;
+* each step ends with :class:`ReplicaCheckpoints`: rank 0 saves and commits (with every
+  trainer's stats merged), the others save into their scratch.
+
+The partitioned mode (:mod:`bigembed.distributed.trainer`) stays the choice for tables that
+do not fit one machine's memory budget; see docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bigembed.checkpoints import CheckpointStore
+from bigembed.config import ConfigSchema
+from bigembed.distributed.context import DistContext
+from bigembed.distributed.replica_sync import ReplicaSync
+from bigembed.distributed.shared_checkpoint import publish_signed, signed_value
+from bigembed.kernels import Table
+from bigembed.train import (
+    Iteration,
+    ModelState,
+    PartitionStore,
+    ReplicaShare,
+    StepLog,
+    Trainer,
+    TrainingLoop,
+    TrainResult,
+    checkpoint_metadata,
+    commit_with_stats,
+    merge_step_logs,
+    resume,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaCheckpoints:
+    """The data-parallel checkpoint policy: rank 0 writes and commits, the others keep their
+    scratch copy current (the replicas are equal after every bucket)."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        trainer: Trainer,
+        store: CheckpointStore,
+        net_bytes: Callable[[], int],
+    ) -> None:
+        self.ctx = ctx
+        self.job = trainer.job
+        self.state = trainer.state
+        self.store = store  # rank 0: the checkpoint; the others: their scratch
+        self.net_bytes = net_bytes  # network bytes so far in this run
+        self._reported = 0
+
+    def save_step(self, it: Iteration, partitions: PartitionStore) -> None:
+        partitions.flush()
+        if self.ctx.rank == 0:
+            self.store.save_model(it.version, self.state.payload())
+            self.store.write_metadata(checkpoint_metadata(self.job, it))
+
+    def commit_step(self, it: Iteration, log: StepLog) -> None:
+        ctx = self.ctx
+        assert ctx.store is not None
+        version = it.version
+        net = self.net_bytes()
+        log.step.net_bytes = net - self._reported
+        self._reported = net
+        publish_signed(
+            ctx.store, ctx.session, f"stats/{version}/{ctx.rank}", json.dumps(log.to_json())
+        )
+        ctx.barrier(f"v{version}/written")
+        if ctx.rank == 0:
+            parts = []
+            for r in ctx.layout.trainers:
+                parts.append(
+                    StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}")))
+                )
+                ctx.store.delete_key(f"stats/{version}/{r}")
+            merged = merge_step_logs(parts)
+            commit_with_stats(self.job, self.store, it, merged)
+            step = merged.step
+            logger.info(
+                "step %d committed: %d edges by %d replicas, loss %.4f, %.0f edges/s, "
+                "%.1f MB over the network, %.2f s at the gate",
+                version,
+                step.stats.count,
+                ctx.layout.num_trainers,
+                step.stats.loss,
+                step.edges_per_sec,
+                (step.net_bytes or 0) / 1e6,
+                step.gate_wait_seconds or 0.0,
+            )
+        else:
+            self.store.commit(version)  # the scratch keeps one version
+        ctx.barrier(f"v{version}/committed")
+
+
+class DataParallelTrainer:
+    """One replica of a data-parallel run (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: ConfigSchema,
+        ctx: DistContext,
+        *,
+        progress: bool = False,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.local = Trainer(cfg, progress=progress, report=report)
+        self.job = self.local.job
+        self.state: ModelState = self.local.state
+        self.sync: ReplicaSync | None = None
+        self.scratch: Path | None = None
+
+    def _open(self) -> tuple[CheckpointStore, int]:
+        """Rank 0 opens the checkpoint; every trainer learns the committed version. The others
+        get a scratch store of their own."""
+        committed = torch.zeros(1, dtype=torch.int64)
+        if self.rank == 0:
+            store = self.local.checkpoint
+            committed[0] = store.open_for_training()
+        else:
+            self.scratch = Path(tempfile.mkdtemp(prefix=f"bigembed-replica{self.rank}-"))
+            logger.info("replica %d keeps its swapped partitions in %s", self.rank, self.scratch)
+            store = CheckpointStore(self.scratch)
+            store.open_for_training()
+        dist.broadcast(committed, src=0, group=self.ctx.trainer_group)
+        return store, int(committed[0])
+
+    def train(self) -> TrainResult:
+        cfg, job, ctx = self.cfg, self.job, self.ctx
+        store, committed = self._open()
+        if committed >= job.num_steps:
+            if self.rank == 0:
+                logger.info("training already complete (%d steps) in %s", job.num_steps, store.path)
+            return TrainResult(version=committed, steps_run=0)
+        init_source = resume(job, self.state, store, committed) if self.rank == 0 else None
+        shared = cfg.resolved_workers() > 1
+        partitions = self.local.open_partitions(committed, init_source, shared, checkpoint=store)
+        if shared:
+            self.state.move_to_shared_memory()
+        self.sync = sync = ReplicaSync(ctx, self.state)
+        if committed > 0 or cfg.init_path:  # a fresh run's tables are equal already (seeded)
+            self._take_rank0_tables(partitions, store, committed)
+        partitions.ensure(())  # the unpartitioned tables stay resident from now on
+        sync.broadcast_start()
+        checkpoints = ReplicaCheckpoints(ctx, self.local, store, sync.wire_bytes)
+        loop = TrainingLoop(
+            job,
+            self.state,
+            buckets=self.local.bucket_source,
+            partitions=partitions,
+            checkpoints=checkpoints,
+            observers=[sync, *self.local.observers],
+            gate=sync.gate,
+            share=ReplicaShare(job, ctx.layout.trainers.index(self.rank), ctx.layout.num_trainers),
+        )
+        return loop.run(committed)
+
+    def _take_rank0_tables(
+        self, partitions: PartitionStore, store: CheckpointStore, committed: int
+    ) -> None:
+        """Resuming or warm starting: every table of rank 0, broadcast one at a time, saved by
+        the others into their scratch as the working version (where their store reads it)."""
+        assert self.sync is not None
+        for key in sorted(partitions.counts):
+            etype, part = key
+            count, dim = partitions.counts[key], partitions.dims[etype]
+            if self.rank == 0:
+                table = partitions.read(key)
+            else:
+                table = Table(torch.empty((count, dim)), torch.empty(count))
+            self.sync.broadcast(table.emb)
+            self.sync.broadcast(table.state)
+            if self.rank != 0:
+                store.save_partition(etype, part, committed + 1, table.emb, table.state)
+
+    def net_bytes(self) -> int:
+        return self.sync.wire_bytes() if self.sync is not None else 0
+
+    def shutdown(self) -> None:
+        """After the last checkpoint: wait for everybody, remove the scratch copy."""
+        if self.sync is not None:
+            logger.info(
+                "replicas (%s, %s): %d rounds, %d bytes sent, %d received, %d repairs",
+                self.cfg.communication.strategy,
+                self.cfg.communication.precision,
+                self.sync.rounds,
+                self.sync.bytes_sent,
+                self.sync.bytes_received,
+                self.sync.repairs,
+            )
+        self.ctx.barrier("end")
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
