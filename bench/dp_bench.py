@@ -25,6 +25,7 @@ an even split of the bucket's batches. A few target lines follow the table.
     sudo python bench/dp_bench.py                  # every strategy x precision x sparse
     sudo python bench/dp_bench.py --graphs skewed --skew-strategies allreduce,decentralized
     python bench/dp_bench.py --smoke               # tiny graphs, 1 epoch: does it all run
+    python bench/dp_bench.py --quick --list        # the rows a choice of flags runs
     python bench/dp_bench.py --table-from a.json b.json   # one table of saved rows
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -250,6 +252,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--quick", action="store_true", help="the reduced matrix (~20 min on 2 cores)")
     add("--smoke", action="store_true", help="tiny graphs, 1 epoch")
     add("--workdir", default="/tmp/bigembed_dp_bench")
+    add("--list", action="store_true", help="print the rows the flags choose, run nothing")
     add("--json", help="also write the rows here")
     add("--markdown", help="also write the caption and the table here")
     add("--table-from", nargs="+", metavar="JSON", help="one table of saved rows (no training)")
@@ -291,6 +294,18 @@ def main() -> int:
         return 0
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     use_netns = not args.loopback and netns.available()
+    if args.list:  # the graphs as stand-ins: nothing is generated nor imported
+        names = [
+            (n, p)
+            for n in args.graphs.split(",")
+            for p in (args.slashdot_partitions.split(",") if n == "slashdot" else ["1"])
+        ]
+        stand_ins = [dp_graphs.Graph(n, int(p), Path(), Path(), Path()) for n, p in names]
+        todo = plans(args, stand_ins)
+        for plan in todo:
+            print(plan.graph.name, plan.graph.partitions, plan.ranks, plan.mode, *plan.params())
+        print(f"{len(todo)} rows, {args.epochs} epochs each")
+        return 0
     graphs = prepare(args)
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
     rows: list[Row] = []
@@ -312,10 +327,14 @@ def main() -> int:
         with netns.machines(1, link, args.delay) as m:
             shaping = f"network namespaces on a bridge, each link: {m[0].shaping}"
     epochs = f"{args.epochs} epochs (epoch s: epochs 2+)" if args.epochs > 1 else "1 epoch"
+    cores = os.cpu_count() or 1
+    pinning = "each rank pinned to its own core"
+    if max(int(r) for r in args.ranks.split(",")) > cores:
+        pinning = f"rank k pinned to core k mod {cores} (more ranks than cores share them)"
     notes = "; ".join(g.note for g in graphs if g.note and g.partitions == 1)
     caption = (
-        f"dp_bench: {machine_name()}; {peaks_line(peak32, peak16)}; {shaping}; each rank "
-        f"pinned to its own core, 1 worker; {epochs}, "
+        f"dp_bench: {machine_name()}; {peaks_line(peak32, peak16)}; {shaping}; {pinning}, "
+        f"1 worker; {epochs}, "
         f"d={args.dimension} (skewed: d={args.skew_dimension}, 5+5 negatives), 50+50 "
         f"negatives, batch 1000; {notes}; MRR: filtered, test edges against every entity; "
         "MB/epoch: all the interfaces sent in the run (rendezvous and heartbeats included) "
