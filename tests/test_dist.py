@@ -350,13 +350,15 @@ def test_port_in_use_and_unreachable_store(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_checkpoint_dir_must_be_shared(tmp_path: Path) -> None:
-    """Rank 1 sees a private (tmpfs) checkpoint directory: both ranks stop, naming the cause."""
+    """Rank 1 sees a private (tmpfs) checkpoint directory and partitions swap through it
+    (num_partition_servers: 0): both ranks stop, naming the cause and the key. (With partition
+    servers the run goes on without a shared disk: tests/test_no_shared_disk.py.)"""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) for a private mount")
     cfg_path, cfg = make_graph(tmp_path)
     Path(cfg.checkpoint_path).mkdir(parents=True)
     port = free_port()
-    rank0 = start_rank(cfg_path, 0, port)
+    rank0 = start_rank(cfg_path, 0, port, "-p", "num_partition_servers=0")
     argv = [
         *CLI,
         "train",
@@ -368,6 +370,8 @@ def test_checkpoint_dir_must_be_shared(tmp_path: Path) -> None:
         "num_machines=2",
         "-p",
         f"distributed_init_method=tcp://127.0.0.1:{port}",
+        "-p",
+        "num_partition_servers=0",
     ]
     script = f"mount -t tmpfs none {cfg.checkpoint_path} && exec " + " ".join(argv)
     rank1 = subprocess.Popen(
@@ -380,6 +384,7 @@ def test_checkpoint_dir_must_be_shared(tmp_path: Path) -> None:
     outs = [p.communicate(timeout=60)[0] for p in (rank0, rank1)]
     assert rank0.returncode != 0 and rank1.returncode != 0
     assert all("is not shared with rank 0" in out for out in outs), outs
+    assert all("num_partition_servers is 0" in out for out in outs), outs
 
 
 # ---------------------------------------------------------------------- two network namespaces

@@ -11,7 +11,7 @@ import pytest
 
 from bigembed.checkpoints import VERSION_FILE
 from bigembed.cli import main as cli_main
-from bigembed.eval.report import evaluate_checkpoint
+from bigembed.eval import evaluate_checkpoint
 from support.checkpoints import TrainedRing, write_config_file
 
 

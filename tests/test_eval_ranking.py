@@ -198,7 +198,7 @@ def test_several_entity_types_rank_against_their_own_type(tmp_path: Path) -> Non
     """Standard mode with two types: each side is ranked among its own type's entities only,
     and the ranks agree with scores computed one pair at a time through the query API."""
     import bigembed
-    from bigembed.eval.report import evaluate_checkpoint
+    from bigembed.eval import evaluate_checkpoint
     from support.checkpoints import write_graph
 
     users = [["u0", "u1", "u2"], ["u3", "u4"]]

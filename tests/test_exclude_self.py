@@ -10,7 +10,7 @@ import pytest
 
 from bigembed.cli import main as cli_main
 from bigembed.config import load_config
-from bigembed.eval.report import evaluate_checkpoint
+from bigembed.eval import evaluate_checkpoint
 from bigembed.serving import load
 from support.imports import random_edges, write_config, write_tsv
 

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.integration  # distributed ranks as subprocesses
 
 T = 8.0  # distributed_timeout of these runs
 MARGIN = 12.0  # after T: the exit path (at most ~4 s) plus a loaded 2-core machine
+#: every fault must stop both distributed modes alike
+MODES = pytest.mark.parametrize("mode", ["partitioned", "data_parallel"])
 
 
 def _wait_exit(proc: subprocess.Popen[str], within: float, what: str) -> str:
@@ -77,8 +79,11 @@ def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
 
 
 # ---------------------------------------------------------------------- rank 0 frozen
-def test_sigstop_of_rank0_stops_everybody(tmp_path: Path) -> None:
-    cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
+@MODES
+def test_sigstop_of_rank0_stops_everybody(tmp_path: Path, mode: str) -> None:
+    cfg_path, cfg = make_graph(
+        tmp_path, num_epochs=500, distributed_timeout=T, distributed_mode=mode
+    )
     port = free_port()
     procs = [start_rank(cfg_path, r, port) for r in (0, 1)]
     try:
@@ -145,10 +150,13 @@ def test_foreign_listener_on_the_store_port(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- SIGTERM, wrong shape
-def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path) -> None:
+@MODES
+def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path, mode: str) -> None:
     """Also: ranks started by hand, without OMP_NUM_THREADS and TORCH_CPP_LOG_LEVEL (which
     launch sets), share the cores and print no c10d warnings."""
-    cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
+    cfg_path, cfg = make_graph(
+        tmp_path, num_epochs=500, distributed_timeout=T, distributed_mode=mode
+    )
     port = free_port()
     bare = {k: v for k, v in ENV.items() if k not in ("OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL")}
     procs = [start_rank(cfg_path, r, port, env=bare) for r in (0, 1)]
@@ -231,8 +239,9 @@ def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> N
     assert steps == [1, 2, 3, 4], "no step lost or trained twice across the restarts"
 
 
-def test_launch_max_restarts_restarts_after_a_kill(tmp_path: Path) -> None:
-    cfg_path, cfg = make_graph(tmp_path, num_epochs=6, distributed_timeout=T)
+@MODES
+def test_launch_max_restarts_restarts_after_a_kill(tmp_path: Path, mode: str) -> None:
+    cfg_path, cfg = make_graph(tmp_path, num_epochs=6, distributed_timeout=T, distributed_mode=mode)
     launcher = subprocess.Popen(
         [*CLI, "launch", str(cfg_path), "-n", "2", "--max-restarts", "1"],
         stdout=subprocess.PIPE,
@@ -255,6 +264,10 @@ def test_launch_max_restarts_restarts_after_a_kill(tmp_path: Path) -> None:
     assert store.committed_version() == 6
     steps = [r["version"] for r in store.read_stats() if r["type"] == "step"]
     assert steps == list(range(1, 7)), "no step lost or trained twice across the restart"
+    if mode == "data_parallel":  # no lock server; every replica trained every step
+        trainers = {r["trainer"] for r in store.read_stats() if r["type"] == "bucket"}
+        assert trainers == {0, 1}
+        return
     events = read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl")
     starts = [e["committed"] for e in events if e["event"] == "run_start"]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 2, starts
@@ -312,8 +325,11 @@ def namespace_pair() -> Iterator[tuple[str, str]]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def test_link_down_between_the_ranks_stops_both(tmp_path: Path, namespace_pair) -> None:
-    cfg_path, cfg = make_graph(tmp_path, num_epochs=500, distributed_timeout=T)
+@MODES
+def test_link_down_between_the_ranks_stops_both(tmp_path: Path, namespace_pair, mode: str) -> None:
+    cfg_path, cfg = make_graph(
+        tmp_path, num_epochs=500, distributed_timeout=T, distributed_mode=mode
+    )
     method = f"distributed_init_method=tcp://{ADDR[0]}:29533"
     procs = [
         subprocess.Popen(

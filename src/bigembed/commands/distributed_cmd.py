@@ -38,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="after a rank fails, stop the others and start every rank again, up to N times "
         "(each attempt resumes from the last committed checkpoint; default 0: no restart)",
     )
+    p.add_argument(
+        "--eval",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="EVAL_ARGS",
+        help="evaluate on the ranks instead of training: every argument after --eval goes to "
+        "`bigembed eval CONFIG --rank R` (e.g. --eval --edges test.tsv --output report.json; "
+        "-p overrides go before --eval); rank 0 prints and writes the report",
+    )
     add_security_arguments(p)
     p.set_defaults(func=run_launch)
 
@@ -64,6 +73,7 @@ def run_launch(args: argparse.Namespace) -> int:
         args.nproc,
         progress=args.progress,
         max_restarts=args.max_restarts,
+        eval_args=args.eval,
     )
 
 

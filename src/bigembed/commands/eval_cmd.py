@@ -106,8 +106,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "16M floats whatever the graph size",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="evaluate on num_machines ranks (distributed_init_method of the config): this "
+        "one's rank; each ranks a cost-balanced share of the edges and rank 0 prints and writes "
+        "the merged report (the same as on one machine)",
+    )
     add_version_argument(p)
     add_edge_file_arguments(p)
+    from bigembed.distributed import add_security_arguments
+
+    add_security_arguments(p)  # with --rank: shared secret, bind address
     p.set_defaults(func=run)
 
 
@@ -118,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint_version != "latest":
         best = checkpoint_of(cfg.checkpoint_path, args)
         cfg = cfg.model_copy(update={"checkpoint_path": str(best)})
-    if args.output:  # refused before any work: never over an input, a report only with --force
-        from bigembed.output_paths import check_output_file
+
+    def check_output() -> None:  # refused before any work: never over an input, nor a report
+        from bigembed.output_paths import check_output_file  # unless --force
 
         inputs = [
             args.config,
@@ -129,19 +141,42 @@ def run(args: argparse.Namespace) -> int:
             *(args.filter_edges or []),
         ]
         check_output_file(args.output, "eval-report", force=args.force, inputs=inputs)
-    report = evaluate_checkpoint(
-        cfg,
-        args.edges,
-        args.filter_edges,
+
+    options = dict(
         filtered=args.filtered,
         per_relation=args.per_relation,
         protocol=args.protocol,
         entity_path=args.entity_path,
         file_options=file_options(args),
         chunk_size=max(1, args.chunk_size),
-        progress=not args.no_progress,
         exclude_self=args.exclude_self,
     )
+    if args.rank is not None:
+        from bigembed.distributed import apply_security_arguments, eval_distributed
+
+        apply_security_arguments(args)
+        done = eval_distributed(
+            cfg,
+            rank=args.rank,
+            edge_paths=args.edges,
+            filter_paths=args.filter_edges,
+            progress=not args.no_progress,
+            before=check_output if args.output else None,
+            **options,
+        )
+        print(
+            f"Rank {done.rank}: ranked {done.ranked:,} of the {done.total:,} edges"
+            + ("; the report merges every rank's" if done.report else "; rank 0 reports")
+        )
+        if done.report is None:
+            return 0
+        report = done.report
+    else:
+        if args.output:
+            check_output()
+        report = evaluate_checkpoint(
+            cfg, args.edges, args.filter_edges, progress=not args.no_progress, **options
+        )
     print(report.table())
     if args.output:
         from bigembed.output_paths import writing

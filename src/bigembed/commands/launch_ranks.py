@@ -4,7 +4,9 @@ For one big machine (several trainers sharing it, each with its own partitions i
 for tests. It picks ``tcp://127.0.0.1:FREE_PORT`` when the config names no
 ``distributed_init_method``, forwards the ``-p`` overrides to every rank, starts the external
 partition servers too when ``num_partition_servers`` > 0, prefixes every output line with the
-rank it came from, and, when a rank fails, stops the others and exits non-zero.
+rank it came from, and, when a rank fails, stops the others and exits non-zero. With
+``--eval EVAL_ARGS`` the ranks are those of a distributed evaluation (``bigembed eval CONFIG
+--rank R EVAL_ARGS``) instead of trainers.
 
 ``--max-restarts N`` (as torchrun's): after a failure, start every rank again, up to N times;
 each attempt resumes from the last committed checkpoint, as a restart by hand would. An
@@ -104,48 +106,61 @@ def launch(
     nproc: int | None,
     progress: bool = False,
     max_restarts: int = 0,
+    eval_args: Sequence[str] | None = None,
 ) -> int:
     """Run every rank until they all finish; restart them all after a failure, up to
-    ``max_restarts`` times. Returns the exit status of the last attempt."""
+    ``max_restarts`` times. Returns the exit status of the last attempt. With ``eval_args``
+    (a list, maybe empty) the ranks run ``bigembed eval CONFIG --rank R EVAL_ARGS`` instead of
+    training (no partition servers)."""
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts {max_restarts}: must be 0 or more")
     attempt = 0
     while True:
         cfg, forwarded = resolve(config, params, nproc)  # a fresh free port for each attempt
-        code = _launch_once(config, cfg, forwarded, progress)
+        code = _launch_once(config, cfg, forwarded, progress, eval_args)
         if code in (0, INTERRUPTED) or attempt >= max_restarts:
             if code not in (0, INTERRUPTED) and max_restarts:
                 print(f"[launch] giving up after {max_restarts} restarts", flush=True)
             return code
         attempt += 1
+        again = "training resumes from the last committed checkpoint"
         print(
             f"[launch] restart {attempt} of {max_restarts}: starting every rank again "
-            "(training resumes from the last committed checkpoint)",
+            f"({again if eval_args is None else 'the evaluation starts over'})",
             flush=True,
         )
 
 
-def _launch_once(config: str, cfg: ConfigSchema, forwarded: list[str], progress: bool) -> int:
+def _launch_once(
+    config: str,
+    cfg: ConfigSchema,
+    forwarded: list[str],
+    progress: bool,
+    eval_args: Sequence[str] | None = None,
+) -> int:
     overrides = [arg for p in forwarded for arg in ("-p", p)]
     base = [sys.executable, "-m", "bigembed.cli"]
+    command = ["train"] if eval_args is None else ["eval"]
     children = [
         Child(
             f"rank {r}",
             [
                 *base,
-                "train",
+                *command,
                 config,
                 "--rank",
                 str(r),
                 *overrides,
                 *([] if progress and r == 0 else ["--no-progress"]),
+                *(eval_args or []),
             ],
         )
         for r in range(cfg.num_machines)
     ]
+    servers = max(cfg.num_partition_servers, 0) if eval_args is None else 0
     children += [
         Child(f"parts {s}", [*base, "partition-server", config, "--rank", str(s), *overrides])
-        for s in range(max(cfg.num_partition_servers, 0))
+        for s in range(servers)
     ]
     env = dict(os.environ)
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warnings with C++ stack traces
@@ -154,8 +169,8 @@ def _launch_once(config: str, cfg: ConfigSchema, forwarded: list[str], progress:
     lock = threading.Lock()
     width = max(len(c.name) for c in children)
     print(
-        f"[launch] {cfg.num_machines} trainers + {max(cfg.num_partition_servers, 0)} partition "
-        f"servers at {cfg.distributed_init_method}",
+        f"[launch] {cfg.num_machines} {'trainers' if eval_args is None else 'eval ranks'} + "
+        f"{servers} partition servers at {cfg.distributed_init_method}",
         flush=True,
     )
     for c in children:  # all forks before any thread starts (preexec_fn and threads mix badly)

@@ -1,16 +1,19 @@
 """Joining a run through the rendezvous store: the run's shape, the rank claims, the secret.
 
 Steps 2 and 3 of :mod:`bigembed.distributed.context`'s start-up. Rank 0 publishes the run's
-shape (``num_machines``, ``num_partition_servers``) and whether the run needs the shared secret;
-a rank started with another shape refuses to join, and every joining rank stops with its message
-(``join/refused``). Without a secret each rank claims its number (a second claim is refused) and
-waits for the whole world. With one (:mod:`bigembed.distributed.auth`), rank 0 admits each rank
-by a challenge-response over its nonce, refusing (and logging) any attempt without a valid proof,
-and every rank derives the run's session key, which signs the control messages.
+shape (``num_machines``, ``num_partition_servers``), a digest of its graph's manifests (each
+machine may read its own copy of the graph: the copies must be the same import) and whether the
+run needs the shared secret; a rank started with another shape or graph refuses to join, and
+every joining rank stops with its message (``join/refused``). Without a secret each rank claims
+its number (a second claim is refused) and waits for the whole world. With one
+(:mod:`bigembed.distributed.auth`), rank 0 admits each rank by a challenge-response over its
+nonce, refusing (and logging) any attempt without a valid proof, and every rank derives the
+run's session key, which signs the control messages.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +21,7 @@ import secrets
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -25,7 +29,8 @@ from bigembed.config import ConfigSchema
 from bigembed.distributed.auth import MODE_HMAC, MODE_NONE, Secret, Session, proof_ok
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.store import StoreAddress, is_timeout
-from bigembed.errors import PeerError
+from bigembed.errors import BigembedError, PeerError
+from bigembed.storage import EDGE_FORMAT, ENTITY_FORMAT, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,27 @@ def check_refused(store: dist.Store) -> None:
     if store.check(["join/refused"]):
         text = store.get("join/refused").decode(errors="replace")
         raise RelayedRefusal(text[len(REFUSED_MARK) :] if text.startswith(REFUSED_MARK) else text)
+
+
+def _graph_stores(cfg: ConfigSchema) -> list[tuple[str, str, str]]:
+    """(config key, path, format) of each store of the graph."""
+    stores = [("entity_path", str(cfg.entity_path), ENTITY_FORMAT)]
+    stores += [(f"edge_paths[{i}]", str(p), EDGE_FORMAT) for i, p in enumerate(cfg.edge_paths)]
+    return stores
+
+
+def graph_digests(cfg: ConfigSchema) -> dict[str, str]:
+    """A digest of each store's manifest (its import id, counts, buckets), by config key; a
+    store this machine cannot read is left out (opening the graph reports it later)."""
+    out = {}
+    for key, path, fmt in _graph_stores(cfg):
+        try:
+            manifest = read_manifest(Path(path), fmt)
+        except (BigembedError, OSError):
+            continue
+        text = json.dumps(manifest, sort_keys=True).encode()
+        out[key] = hashlib.sha256(text).hexdigest()[:32]
+    return out
 
 
 class Handshake:
@@ -134,6 +160,7 @@ class Handshake:
         mine = MODE_HMAC if self.secret is not None else MODE_NONE
         if self.rank == 0:
             store.set("join/shape", self._shape())
+            store.set("join/graph", json.dumps(graph_digests(self.cfg)))
             if self.secret is not None:
                 self._nonce = secrets.token_hex(32)
                 store.set("auth/nonce", self._nonce)
@@ -146,6 +173,8 @@ class Handshake:
                 f"{self.layout.role(self.rank)} was started with {self._shape()} but rank 0 "
                 f"with {shape}: use the same config and -p overrides on every rank"
             )
+        if self.layout.is_trainer(self.rank) and store.check(["join/graph"]):
+            self._check_graph(store.get("join/graph").decode(errors="replace"))
         if theirs == MODE_HMAC and self.secret is None:
             raise PeerError(
                 f"the run at {self.address.method} requires the shared secret: set "
@@ -157,6 +186,23 @@ class Handshake:
                 "this rank has one: set the same secret on every rank (or on none)"
             )
         return theirs
+
+    def _check_graph(self, published: str) -> None:
+        """Refuse a trainer whose copy of the graph is another import than rank 0's."""
+        try:
+            theirs = json.loads(published)
+        except ValueError:
+            theirs = {}
+        mine = graph_digests(self.cfg)
+        paths = {key: path for key, path, _ in _graph_stores(self.cfg)}
+        for key, digest in mine.items():
+            if isinstance(theirs, dict) and key in theirs and theirs[key] != digest:
+                path = paths[key]
+                raise JoinRefusal(
+                    f"{self.layout.role(self.rank)} reads another graph than rank 0: the "
+                    f"manifest of {key} ({path}) differs (another import, or an incomplete "
+                    "copy): give every machine the same copy of the imported graph"
+                )
 
     def _join_with_secret(self, store: dist.Store, world: int, timeout: float) -> Session:
         assert self.secret is not None

@@ -3,7 +3,8 @@
 Partition ``p`` of every entity type lives on server ``p mod S``. A server keeps the latest
 copy of each partition it has been given (the trainers' working copy between buckets and
 between steps); a partition it does not have yet is read by the trainer from the checkpoint
-directory, as on a single machine.
+directory, as on a single machine. Without a shared disk rank 0 gives the servers every
+partition at start (:mod:`bigembed.distributed.no_shared_disk`), so none is ever missing.
 
 Protocol (control over the store channel ``parts/RANK``, data over gloo point-to-point):
 

@@ -32,7 +32,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-def _run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
+def run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
     """``body()``, or the end of the whole run if it raises (this never returns then)."""
     try:
         return body()
@@ -86,7 +86,7 @@ def train_distributed(
         ctx.close(clean=False)
         uninstall()
         raise
-    _share_cores(ctx)
+    share_cores(ctx)
 
     def body() -> TrainResult:
         mode = DataParallelTrainer if data_parallel else DistributedTrainer
@@ -97,7 +97,7 @@ def train_distributed(
         trainer.shutdown()
         return result
 
-    result = _run_guarded(ctx, body)
+    result = run_guarded(ctx, body)
     ctx.close()
     uninstall()
     return result
@@ -138,13 +138,13 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
             server.bytes_received / 1e6,
         )
 
-    _run_guarded(ctx, body)
+    run_guarded(ctx, body)
     ctx.close()
     uninstall()
     return 0
 
 
-def _share_cores(ctx: DistContext) -> None:
+def share_cores(ctx: DistContext) -> None:
     """Give this trainer its share of the machine's cores (unless OMP_NUM_THREADS is set)."""
     import torch
 

@@ -1,11 +1,13 @@
-"""The checkpoint of a distributed run: one directory on a disk every machine shares.
+"""The checkpoint of a distributed run: one directory, on a disk every machine shares or not.
 
-:func:`open_shared_checkpoint` makes every rank agree on it at start-up (rank 0 discards an
-interrupted step and writes a probe file that every other rank must see).
-:class:`CooperativeCheckpoints` is the distributed checkpoint policy: each step ends with every
-trainer writing its share of partitions (``p mod M``), then rank 0 writing the unpartitioned
-embeddings, the model, the metadata and the merged stats and committing the version file last,
-with a barrier before and after, so a checkpoint is complete or absent.
+:func:`open_checkpoint` makes every rank agree on it at start-up (rank 0 discards an
+interrupted step and writes a probe file; a rank that does not see it runs without a shared
+disk, :mod:`bigembed.distributed.no_shared_disk`). :class:`CooperativeCheckpoints` is the
+distributed checkpoint policy: each step ends with every trainer writing its share of
+partitions (``p mod M``; without a shared disk rank 0 writes all of them, pulled from the
+partition servers), then rank 0 writing the unpartitioned embeddings, the model, the metadata
+and the merged stats and committing the version file last, with a barrier before and after, so
+a checkpoint is complete or absent.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,6 +25,7 @@ from bigembed.checkpoints import CheckpointStore
 from bigembed.distributed.auth import BadMac, Session, seal, unseal
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.lock_planning import LockCosts
+from bigembed.distributed.no_shared_disk import TransferRelay, pull_partitions
 from bigembed.distributed.parameter_sync import SharedParameterSync
 from bigembed.distributed.partition_server import PartitionClient
 from bigembed.distributed.store import store_set
@@ -59,11 +63,37 @@ def publish_signed(store: dist.Store, session: Session | None, key: str, value: 
     store_set(store, key, seal(session, key, value))
 
 
-def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
-    """Open the checkpoint on every rank; returns the committed version they all see.
+@dataclass(frozen=True)
+class CheckpointAccess:
+    """How the run reaches its checkpoint, as :func:`open_checkpoint` found out."""
 
-    Rank 0 discards an interrupted step's files and writes a probe file; every other rank must
-    see the probe (the directory is on a disk all machines share) and the same version.
+    committed: int  # the committed version (rank 0's)
+    shared: bool  # every trainer sees rank 0's checkpoint directory
+    rank: int
+
+    @property
+    def here(self) -> bool:
+        """This rank reads and writes the checkpoint directory: every rank on a shared disk,
+        only rank 0 without one (:mod:`bigembed.distributed.no_shared_disk`)."""
+        return self.shared or self.rank == 0
+
+
+def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
+    """:func:`open_checkpoint` for a caller that needs a shared disk (refused without one);
+    returns the committed version."""
+    return open_checkpoint(ctx, checkpoint, private_ok=False).committed
+
+
+def open_checkpoint(
+    ctx: DistContext, checkpoint: CheckpointStore, *, private_ok: bool = True
+) -> CheckpointAccess:
+    """Open the checkpoint on every rank and find out whether the disk is shared.
+
+    Rank 0 discards an interrupted step's files and writes a probe file; a rank that sees it
+    (the directory is on a disk it shares with rank 0) must see the same version. A rank that
+    does not see it says so in one line: the run then goes without a shared disk (every rank
+    learns this), which needs partition servers and ``private_ok``; such a rank never reads
+    its own ``checkpoint_path`` and takes rank 0's version.
     """
     assert ctx.store is not None
     ck = checkpoint
@@ -74,7 +104,7 @@ def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int
         publish_signed(ctx.store, ctx.session, "open/nonce", nonce)
         publish_signed(ctx.store, ctx.session, "open/version", str(ck.committed_version()))
     ctx.barrier("open")
-    committed = ck.committed_version()
+    committed = int(signed_value(ctx, "open/version"))
     if ctx.rank != 0:
         nonce = signed_value(ctx, "open/nonce").decode()
         try:
@@ -82,19 +112,40 @@ def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int
         except OSError:
             seen = None
         if seen != nonce:
-            raise CheckpointError(
-                f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
-                "the file rank 0 just wrote there): put it on a disk all machines mount"
+            _check_private_ok(ctx, ck, private_ok)
+            logger.info(
+                "checkpoint_path %s is not shared with rank 0: running without a shared disk "
+                "(rank 0 writes the checkpoint; this rank writes nothing there)",
+                ck.path,
             )
-        theirs = int(signed_value(ctx, "open/version"))
-        if theirs != committed:
+        elif ck.committed_version() != committed:
             raise CheckpointError(
-                f"{ck.path}: rank 0 sees checkpoint version {theirs}, this rank {committed}"
+                f"{ck.path}: rank 0 sees checkpoint version {committed}, "
+                f"this rank {ck.committed_version()}"
             )
+        publish_signed(ctx.store, ctx.session, f"open/sees/{ctx.rank}", str(int(seen == nonce)))
     ctx.barrier("opened")
+    shared = all(signed_value(ctx, f"open/sees/{r}") == b"1" for r in ctx.layout.trainers[1:])
     if ctx.rank == 0:
         (ck.path / PROBE_FILE).unlink(missing_ok=True)
-    return committed
+        if not shared:
+            logger.info("no shared disk: rank 0 writes the checkpoint, pulling partitions")
+    return CheckpointAccess(committed, shared, ctx.rank)
+
+
+def _check_private_ok(ctx: DistContext, ck: CheckpointStore, private_ok: bool) -> None:
+    """Refuse a run without a shared disk where it cannot work."""
+    unshared = f"checkpoint_path {ck.path} is not shared with rank 0 (this machine cannot see "
+    if ctx.layout.num_partition_servers == 0:
+        raise CheckpointError(
+            unshared + "the file rank 0 just wrote there) and num_partition_servers is 0 "
+            "(partitions swap through the checkpoint directory): put it on a disk all machines "
+            "mount, or set num_partition_servers: -1 (or N > 0) to run without a shared disk"
+        )
+    if not private_ok:
+        raise CheckpointError(
+            unshared + "the file rank 0 just wrote there): put it on a disk all machines mount"
+        )
 
 
 class CooperativeCheckpoints:
@@ -109,8 +160,15 @@ class CooperativeCheckpoints:
         sync: SharedParameterSync,
         partition_client: PartitionClient | None,
         counters: Callable[[], tuple[int, int]],
+        *,
+        access: CheckpointAccess | None = None,
+        relay: TransferRelay | None = None,
     ) -> None:
+        """``access``: from :func:`open_checkpoint` (None: a shared disk); ``relay``: the
+        other trainers' transfer logs, sent to rank 0 (without a shared disk)."""
         self.ctx = ctx
+        self.shared = access is None or access.shared
+        self.relay = relay
         self.job = job
         self.state = state
         self.checkpoint = checkpoint
@@ -127,7 +185,11 @@ class CooperativeCheckpoints:
         self.sync.flush()  # push this trainer's last updates
         self.ctx.barrier(f"v{it.version}/trained")
         self.sync.agree()  # everybody's, agreed: what the checkpoint commits
-        self._write_partition_share(partitions, it.version)
+        if self.shared:
+            self._write_partition_share(partitions, it.version)
+        elif self.ctx.rank == 0:  # no shared disk: rank 0 writes them all, pulled from servers
+            assert self.partition_client is not None
+            pull_partitions(self.checkpoint, partitions, self.partition_client, it.version)
 
     def _write_partition_share(self, store: PartitionStore, version: int) -> None:
         """Write this trainer's share (``p mod M``) of the partitioned tables."""
@@ -162,8 +224,12 @@ class CooperativeCheckpoints:
         self._reported = (net, waits)
         key = f"stats/{version}/{ctx.rank}"
         publish_signed(ctx.store, ctx.session, key, json.dumps(log.to_json()))
+        if self.relay is not None:
+            self.relay.publish(version)
         ctx.barrier(f"v{version}/written")
         if ctx.rank == 0:
+            if self.relay is not None:
+                self.relay.collect(version)
             parts = []
             for r in ctx.layout.trainers:
                 parts.append(

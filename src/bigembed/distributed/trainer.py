@@ -23,10 +23,12 @@ machine does, from different parts:
   the model, the metadata and the merged stats and commits the version file last, with a
   barrier before and after, so a checkpoint is complete or absent.
 
-Start-up order (:meth:`DistributedTrainer.train`): agree on the shared checkpoint
-(:func:`~bigembed.distributed.shared_checkpoint.open_shared_checkpoint`), start the lock server
-(rank 0), load the model, build the partition store, move the model to shared memory once,
-start parameter sharing (everyone starts from rank 0's values), run the loop.
+Start-up order (:meth:`DistributedTrainer.train`): agree on the checkpoint and whether its
+disk is shared (:func:`~bigembed.distributed.shared_checkpoint.open_checkpoint`), start the lock
+server (rank 0), load the model, build the partition store, move the model to shared memory
+once, seed the partition servers without a shared disk
+(:mod:`~bigembed.distributed.no_shared_disk`), start parameter sharing (everyone starts from
+rank 0's values), run the loop.
 """
 
 from __future__ import annotations
@@ -42,9 +44,14 @@ from bigembed.distributed.context import DistContext
 from bigembed.distributed.lock_client import LockClient, LockedBucketSource
 from bigembed.distributed.lock_planning import LockCosts, side_keys, start_lock_server
 from bigembed.distributed.lock_server import EventLog, LockServer
+from bigembed.distributed.no_shared_disk import (
+    ServedPartitions,
+    TransferRelay,
+    seed_partition_servers,
+)
 from bigembed.distributed.parameter_sync import SharedParameterSync
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
-from bigembed.distributed.shared_checkpoint import CooperativeCheckpoints, open_shared_checkpoint
+from bigembed.distributed.shared_checkpoint import CooperativeCheckpoints, open_checkpoint
 from bigembed.train import (
     ModelState,
     PartitionStore,
@@ -125,7 +132,8 @@ class DistributedTrainer:
 
     def train(self) -> TrainResult:
         cfg, job, ctx = self.cfg, self.job, self.ctx
-        committed = open_shared_checkpoint(ctx, self.checkpoint)
+        access = open_checkpoint(ctx, self.checkpoint)
+        committed = access.committed
         if committed >= job.num_steps:
             logger.info(
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
@@ -135,11 +143,22 @@ class DistributedTrainer:
         if costs is not None:
             fresh = committed == 0 and not cfg.init_path
             self.lock_server = start_lock_server(ctx, job, self.checkpoint, committed, fresh, costs)
-        init_source = resume(job, self.state, self.checkpoint, committed)
+        # Without the checkpoint here, the model comes with rank 0's broadcast (parameter sync).
+        init_source = resume(job, self.state, self.checkpoint, committed) if access.here else None
         shared = cfg.resolved_workers() > 1
         counts = job.partition_counts()
         overlap = bool(cfg.partition_prefetch)
-        self.transfer_log = EventLog(self.checkpoint.path / TRANSFER_LOG.format(rank=self.rank))
+        relay = None
+        if access.shared:
+            self.transfer_log = EventLog(self.checkpoint.path / TRANSFER_LOG.format(rank=self.rank))
+        else:  # the other trainers' logs go to rank 0
+            relay = TransferRelay(ctx, lambda r: self.checkpoint.path / TRANSFER_LOG.format(rank=r))
+            self.transfer_log = relay.log
+        pinned = job.unpartitioned(counts)
+        remote: PartitionClient | ServedPartitions | None = self.partition_client
+        if not access.here:  # partitions only from the servers, never from this disk
+            assert self.partition_client is not None
+            remote = ServedPartitions(self.partition_client, set(pinned))
         partitions = PartitionStore(
             counts,
             job.dimensions(),
@@ -150,8 +169,8 @@ class DistributedTrainer:
             init_scale=cfg.init_scale,
             seed=cfg.seed,
             shared=shared,
-            pinned=job.unpartitioned(counts),
-            remote=self.partition_client,
+            pinned=pinned,
+            remote=remote,
             managed=True,
             background=overlap,
             deadline=TRANSFER_DEADLINE * ctx.timeout,
@@ -160,6 +179,9 @@ class DistributedTrainer:
         if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
             self.state.move_to_shared_memory()
         partitions.ensure(())  # the unpartitioned (shared) tables stay resident from now on
+        if not access.shared:
+            assert self.partition_client is not None
+            seed_partition_servers(ctx, partitions, self.partition_client)
         self.sync = SharedParameterSync(ctx, self.state, partitions)
         releases = self.lock_client
         if overlap:  # released from the write-back thread: its own store connection
@@ -182,6 +204,8 @@ class DistributedTrainer:
             self.sync,
             self.partition_client,
             lambda: (self.net_bytes(), source.waits),
+            access=access,
+            relay=relay,
         )
         checkpoints.costs = costs
         loop = TrainingLoop(

@@ -1,4 +1,16 @@
 from .edge_input import EdgeLoader, FileOptions
-from .report import evaluate_checkpoint
+from .evaluation import Evaluation, evaluate_checkpoint, prepare_evaluation
+from .report import EvalReport
+from .shares import edge_costs, eval_shares, merge_rankings
 
-__all__ = ["EdgeLoader", "FileOptions", "evaluate_checkpoint"]
+__all__ = [
+    "EdgeLoader",
+    "EvalReport",
+    "Evaluation",
+    "FileOptions",
+    "edge_costs",
+    "eval_shares",
+    "evaluate_checkpoint",
+    "merge_rankings",
+    "prepare_evaluation",
+]

@@ -1,54 +1,26 @@
-"""Evaluate a checkpoint on edge sets and report the metrics as a table and as JSON.
+"""The evaluation report: metrics as a table and as JSON, built from per-edge ranks.
 
-:func:`evaluate_checkpoint` is what ``bigembed eval`` and ``bigembed demo`` call: it opens the
-checkpoint once, loads the edges to evaluate (imported edge paths or files of names) and the
-known edges to filter with, ranks, and returns an :class:`EvalReport`.
+:func:`build_report` turns the ranks of every evaluated edge (from one machine, or merged from
+several ranks) into an :class:`EvalReport`; :func:`~bigembed.eval.evaluation.evaluate_checkpoint`
+is what ``bigembed eval`` and ``bigembed demo`` call.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import time
-from collections.abc import Sequence
 from dataclasses import field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import Field, field_serializer
 from pydantic.dataclasses import dataclass
-from tqdm import tqdm
 
 from bigembed.atomic import atomic_write_text
-from bigembed.checkpoints import EntityTables, TrainedModel, load_trained
-from bigembed.config import ConfigSchema
-from bigembed.errors import InputError
-from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
-from bigembed.ranking import (
-    SIDES,
-    EvalEdges,
-    KnownEdges,
-    RankingResult,
-    rank_edges,
-    summarize,
-    summarize_groups,
-)
+from bigembed.checkpoints import TrainedModel
+from bigembed.eval.edge_input import LoadedEdges
+from bigembed.ranking import SIDES, KnownEdges, RankingResult, summarize, summarize_groups
 from bigembed.serialization import RECORD_CONFIG, JsonForm, omit_none
-
-logger = logging.getLogger(__name__)
-
-PROTOCOLS = ("full", "sampled")
-_MODEL_KEYS = (
-    "entities",
-    "relations",
-    "dimension",
-    "comparator",
-    "bias",
-    "global_emb",
-    "dynamic_relations",
-)
 
 
 @dataclass(kw_only=True, config=RECORD_CONFIG)
@@ -158,192 +130,10 @@ def _metric_row(label: str, m: dict[str, float]) -> str:
     )
 
 
-# ---------------------------------------------------------------------- evaluation
+# ---------------------------------------------------------------------- building
 
 
-def evaluate_checkpoint(
-    cfg_or_dir: ConfigSchema | str | os.PathLike[str],
-    edge_paths: Sequence[str | os.PathLike[str]] | None = None,
-    filter_paths: Sequence[str | os.PathLike[str]] | None = None,
-    *,
-    filtered: bool = True,
-    per_relation: bool = False,
-    protocol: str = "full",
-    entity_path: str | os.PathLike[str] | None = None,
-    file_options: FileOptions | None = None,
-    chunk_size: int = 1024,
-    progress: bool = False,
-    cache_bytes: int = 2 << 30,
-    exclude_self: bool = False,
-) -> EvalReport:
-    """Evaluate the last checkpoint of a config (or a checkpoint directory) on edge sets.
-
-    ``edge_paths``: imported edge paths or files of names (default: the config's
-    ``edge_paths``). ``filter_paths``: the known true edges to filter with (default: the
-    config's ``edge_paths``); the evaluated edges are always added to them. With a directory
-    instead of a config, the config stored in the checkpoint is used.
-    ``exclude_self``: in the filtered metrics, the query's own entity is not a candidate
-    answer (for relations between entities of one type: "who will X follow" never answers X).
-
-    Example::
-
-        report = evaluate_checkpoint(load_config("fb15k237.yaml"), ["data/test.txt"])
-        print(report.table())
-        print(report.headline["mrr"])
-    """
-    if protocol not in PROTOCOLS:
-        known_protocols = ", ".join(PROTOCOLS)
-        raise InputError(f"unknown evaluation protocol {protocol!r} (known: {known_protocols})")
-    if exclude_self and not (filtered and protocol == "full"):
-        raise InputError(
-            "--exclude-self leaves the query entity out of the filtered ranking: it needs the "
-            "full protocol's filtered metrics (drop --raw-only / --protocol sampled)"
-        )
-    started = time.perf_counter()
-    if isinstance(cfg_or_dir, ConfigSchema):
-        cfg = cfg_or_dir
-        trained = load_trained(cfg.checkpoint_path)
-        _warn_if_model_differs(cfg, trained)
-        if entity_path is None:
-            entity_path = cfg.entity_path
-    else:
-        trained = load_trained(cfg_or_dir)
-        cfg = trained.config
-    loader = EdgeLoader(trained, entity_path=entity_path, options=file_options)
-    sources = [loader.load(p) for p in (edge_paths if edge_paths else cfg.edge_paths)]
-    edges = EvalEdges.concat([s.edges for s in sources])
-    if len(edges) == 0:
-        raise InputError("no edges to evaluate in " + ", ".join(s.path for s in sources))
-    notes = [
-        f"{s.path}: {s.skipped:,} edge(s) with unknown names skipped, e.g. "
-        + "; ".join(s.skipped_examples)
-        for s in sources
-        if s.skipped
-    ]
-
-    known = None
-    filter_names: list[str] = []
-    if filtered and protocol == "full":
-        chosen = filter_paths if filter_paths is not None else cfg.edge_paths
-        known, filter_names = _known_edges(loader, trained, sources, chosen, exclude_self)
-        if exclude_self:
-            notes.append("the query entity is not a candidate for itself (--exclude-self)")
-    elif filtered:
-        notes.append("the sampled protocol reports raw ranks only (as PBG does)")
-
-    tables = EntityTables(trained, max_bytes=cache_bytes)
-    bar = tqdm(
-        total=len(edges),
-        desc="eval",
-        unit="edge",
-        unit_scale=True,
-        disable=not progress,
-        dynamic_ncols=True,
-        leave=False,
-    )
-    try:
-        if protocol == "full":
-            ranking = rank_edges(
-                trained.model,
-                tables,
-                trained.partition_bases,
-                edges,
-                known,
-                chunk_size=chunk_size,
-                progress=bar.update,
-            )
-            loss = None
-            types = {t for r in trained.config.relations for t in (r.lhs, r.rhs)}
-            candidates = (
-                "all entities of the corrupted side's type, across all partitions ("
-                + ", ".join(f"{t}: {tables.total(t):,}" for t in sorted(types))
-                + ")"
-            )
-        else:
-            from bigembed.buckets import negative_settings
-            from bigembed.eval.sampled import sampled_ranks
-
-            negs = negative_settings(cfg)
-            result = sampled_ranks(
-                trained.model, tables, edges, negs, cfg.batch_size, cfg.seed, progress=bar.update
-            )
-            ranking = result.ranking
-            loss = result.loss_sum / max(len(edges), 1)
-            candidates = (
-                f"sampled from the edge's partitions: "
-                f"num_batch_negs={negs.num_batch_negs}, "
-                f"num_uniform_negs={negs.num_uniform_negs} (all_negs per relation); "
-                f"{result.num_negatives:,.1f} negatives per positive on average"
-            )
-    finally:
-        bar.close()
-    report = _build_report(
-        trained,
-        ranking,
-        protocol,
-        sources,
-        filter_names,
-        known,
-        per_relation,
-        candidates,
-        notes,
-        loss,
-    )
-    report.seconds = time.perf_counter() - started
-    return report
-
-
-def _warn_if_model_differs(cfg: ConfigSchema, trained: TrainedModel) -> None:
-    ours, theirs = cfg.model_dump(mode="json"), trained.config.model_dump(mode="json")
-    differ = [k for k in _MODEL_KEYS if ours.get(k) != theirs.get(k)]
-    if differ:
-        logger.warning(
-            "the config differs from the one %s was trained with in %s; the checkpoint's "
-            "settings are used for the model",
-            trained.path,
-            ", ".join(differ),
-        )
-
-
-def _known_edges(
-    loader: EdgeLoader,
-    trained: TrainedModel,
-    sources: list[LoadedEdges],
-    filter_paths: Sequence[str | os.PathLike[str]],
-    exclude_self: bool = False,
-) -> tuple[KnownEdges, list[str]]:
-    """The known true edges: the filter sets plus the evaluated edges, each path read once;
-    with ``exclude_self`` also (h, r, h) and (t, r, t) for each evaluated edge (h, r, t) of a
-    relation between one entity type, so that neither query is answered by itself."""
-    seen = {os.path.realpath(s.path): s for s in sources}
-    parts = [s.edges for s in sources]
-    names = [s.path for s in sources]
-    for path in filter_paths:
-        real = os.path.realpath(path)
-        if real in seen:
-            continue
-        if not Path(path).exists():
-            raise InputError(
-                f"{path}: filter edge set not found (filtering uses the config's edge_paths by "
-                f"default); pass --filter-edges PATH ... or --raw-only"
-            )
-        loaded = loader.load(path)
-        seen[real] = loaded
-        parts.append(loaded.edges)
-        names.append(loaded.path)
-    if exclude_self:
-        evaluated = EvalEdges.concat([s.edges for s in sources])
-        one_type = np.array(loader.lhs_types) == np.array(loader.rhs_types)
-        keep = one_type[evaluated.rel]
-        rel = evaluated.rel[keep]
-        for node in (evaluated.lhs[keep], evaluated.rhs[keep]):
-            parts.append(EvalEdges(lhs=node, rel=rel, rhs=node))
-    all_edges = EvalEdges.concat(parts)
-    known = KnownEdges(all_edges.lhs, all_edges.rel, all_edges.rhs, trained.model.num_relations)
-    return known, names
-
-
-def _build_report(
+def build_report(
     trained: TrainedModel,
     ranking: RankingResult,
     protocol: str,
@@ -355,6 +145,7 @@ def _build_report(
     notes: list[str],
     loss: float | None,
 ) -> EvalReport:
+    """The report on ``ranking`` (both sides of every evaluated edge, in input order)."""
     kinds = ["raw"] + (["filtered"] if known is not None else [])
     present = [s for s in SIDES if ranking.side(s) is not None]
 

@@ -17,9 +17,10 @@ A batch's cost is the cost model's per-edge cost of its relation (operator, nega
 candidates of ``all_negs``; :mod:`bigembed.train.memory.cost`) summed over its edges; with
 grouped queries (KvsAll) each query costs a score row against every candidate, so a batch costs
 its distinct queries times that. Bagua pads the item list by repeating items so that every
-replica gets as many; a bucket's batch is trained once here, so the repeats are dropped (the
-replicas' batch counts then differ by at most one; a replica that is done joins the remaining
-rounds idle).
+replica gets as many; a bucket's batch is trained once here, so the sampler cuts whole groups
+(``drop_last``) and the fewer than ``replicas`` batches left over go at the end, one to each of
+the first replicas (the replicas' batch counts differ by at most one; a replica that is done
+joins the remaining rounds idle).
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ class ReplicaShare:
 
     # ------------------------------------------------------------------ the share
     def assignment(self, it: Iteration, bucket: Bucket, costs: np.ndarray) -> list[Tensor]:
-        """Every replica's batches (indices into the plan, in training order), padding
-        repeats dropped: together they hold every batch exactly once."""
+        """Every replica's batches (indices into the plan, in training order): together they
+        hold every batch exactly once."""
         n = int(costs.shape[0])
         if self.cfg.communication.edge_split == "even":
-            shares = even_split(n, self.replicas)
+            shares = even_split(n, self.replicas, drop_last=True)
         else:
             shares = balanced_split(
                 torch.from_numpy(costs),
@@ -109,17 +110,19 @@ class ReplicaShare:
                 epoch=it.index,
                 shuffle=True,
                 random_level=self.cfg.communication.random_level,
+                drop_last=True,
             )
-        seen = np.zeros(n, dtype=bool)
-        out = []
+        # The n mod replicas batches no group holds go last, one each to the first replicas
+        # (costliest first), so the replicas' sequences stay aligned position by position.
+        left = np.ones(n, dtype=bool)
         for share in shares:
-            items = share.numpy()
-            first = np.zeros(items.shape[0], dtype=bool)
-            first[np.unique(items, return_index=True)[1]] = True  # repeats within the share
-            mine = items[first & ~seen[items]]
-            seen[mine] = True
-            out.append(torch.from_numpy(mine))
-        return out
+            left[share.numpy()] = False
+        rest = np.nonzero(left)[0]
+        rest = rest[np.argsort(-costs[rest], kind="stable")]
+        return [
+            torch.cat([share, torch.from_numpy(rest[r : r + 1])]) if r < rest.shape[0] else share
+            for r, share in enumerate(shares)
+        ]
 
     def prepare(
         self, it: Iteration, bucket: Bucket, pool: HogwildPool, edges: Edges, seed: int
