@@ -186,6 +186,16 @@ def plans(args: argparse.Namespace, graphs: list[dp_graphs.Graph]) -> list[Plan]
     return out
 
 
+def stand_ins(args: argparse.Namespace) -> list[dp_graphs.Graph]:
+    """The graphs ``args`` choose, by name and partition count only (nothing generated nor
+    imported): enough for :func:`plans`."""
+    return [
+        dp_graphs.Graph(name, int(p), Path(), Path(), Path())
+        for name in args.graphs.split(",")
+        for p in (args.slashdot_partitions.split(",") if name == "slashdot" else ["1"])
+    ]
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # the reduced matrix: ~20 minutes on a 2-core machine
     "quick": {
@@ -295,14 +305,8 @@ def main() -> int:
         return 0
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     use_netns = not args.loopback and netns.available()
-    if args.list:  # the graphs as stand-ins: nothing is generated nor imported
-        names = [
-            (n, p)
-            for n in args.graphs.split(",")
-            for p in (args.slashdot_partitions.split(",") if n == "slashdot" else ["1"])
-        ]
-        stand_ins = [dp_graphs.Graph(n, int(p), Path(), Path(), Path()) for n, p in names]
-        todo = plans(args, stand_ins)
+    if args.list:
+        todo = plans(args, stand_ins(args))
         for plan in todo:
             print(plan.graph.name, plan.graph.partitions, plan.ranks, plan.mode, *plan.params())
         print(f"{len(todo)} rows, {args.epochs} epochs each")

@@ -15,6 +15,7 @@ from bigembed.train import CostModel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import dp_bench  # noqa: E402
 import dp_graphs  # noqa: E402
 import dp_table  # noqa: E402
 from dp_table import Row  # noqa: E402
@@ -127,3 +128,32 @@ def test_targets_are_judged_on_the_right_pairs() -> None:
     # nobody waited with either split (no round inside a bucket): no verdict
     idle = [replace(r, gate_wait_s=0.0) if r.gate_wait_s else r for r in rows]
     assert not [line for line in dp_table.target_lines(idle) if "gate wait" in line]
+
+
+def test_the_quick_matrix_can_judge_every_target() -> None:
+    """``--quick`` runs, for each target, the rows it is judged on: a one-machine reference
+    per graph, dense fp32 beside row-sparse int8, and both edge splits on the skewed graph."""
+    args = dp_bench.parse_args(["--quick"])
+    todo = dp_bench.plans(args, dp_bench.stand_ins(args))
+    rows = [
+        _row(
+            graph=p.graph.name,
+            partitions=p.graph.partitions,
+            mode=p.mode,
+            ranks=p.ranks,
+            strategy=p.strategy,
+            precision=p.precision,
+            sparse=p.sparse,
+            edge_split=p.edge_split,
+            mb_per_epoch=None if p.ranks == 1 else 1.0,
+            gate_wait_s=None if p.ranks == 1 else 1.0,
+        )
+        for p in todo
+    ]
+    lines = "\n".join(dp_table.target_lines(rows))
+    for graph in ("fb15k237", "slashdot"):
+        assert f"* {graph}, 1 partition: 2 ranks" in lines
+        assert f"* {graph}, 1 partition(s), 2 ranks, allreduce: row-sparse int8" in lines
+    assert "* slashdot, 4 partition(s), 2 ranks, allreduce: row-sparse int8" in lines
+    assert "* skewed, 2 ranks, allreduce int8: gate wait even" in lines
+    assert [p.params() for p in todo if p.mode == "one machine"] == [[]] * 4
