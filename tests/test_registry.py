@@ -84,3 +84,11 @@ def test_the_names_load_no_implementation() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_operator_has_a_cost() -> None:
+    """The cost models (training's load balance, distributed eval's split) price every
+    registered operator."""
+    from bigembed.model import OPERATOR_MADDS, OPERATORS
+
+    assert set(OPERATOR_MADDS) == set(OPERATORS.names)

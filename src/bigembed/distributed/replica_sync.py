@@ -138,7 +138,7 @@ class ReplicaSync(Observer):
         self.rounds += strategy.rounds
         self.bytes_sent += strategy.bytes_sent
         self.bytes_received += strategy.bytes_received
-        self._make_equal(strategy.shared.tensors)
+        self._make_equal(self.shared_tensors(work.tables).tensors)  # all, whatever was sent
 
     # ------------------------------------------------------------------ equality
     def _make_equal(self, tensors: Iterable[Tensor]) -> None:

@@ -17,18 +17,9 @@ import numpy as np
 import torch
 
 from bigembed.eval.evaluation import Evaluation
+from bigembed.model import OPERATOR_MADDS
 from bigembed.ranking import SIDES, RankingResult, SideRanks
 from bigembed.sampling import balanced_split
-
-#: Multiply-adds of a relation operator applied to one anchor of dimension ``d``.
-_OPERATOR_MADDS = {
-    "none": lambda d: 0,
-    "translation": lambda d: d,
-    "diagonal": lambda d: d,
-    "complex_diagonal": lambda d: 2 * d,
-    "linear": lambda d: d * d,
-    "affine": lambda d: d * d + d,
-}
 
 
 def edge_costs(evaluation: Evaluation) -> torch.Tensor:
@@ -45,7 +36,7 @@ def edge_costs(evaluation: Evaluation) -> torch.Tensor:
         cost = 0
         for etype in (lhs, rhs):
             d = tables.dimension(etype)
-            cost += tables.total(etype) * d + _OPERATOR_MADDS[operator](d)
+            cost += tables.total(etype) * d + OPERATOR_MADDS[operator](d)
         per_relation.append(cost)
     costs = np.asarray(per_relation, dtype=np.int64)[evaluation.edges.rel]
     return torch.from_numpy(costs)

@@ -7,6 +7,7 @@ from .names import (
     COMPUTE_DTYPES,
     LOSS_NAMES,
     LOSSES,
+    OPERATOR_MADDS,
     OPERATOR_NAMES,
     OPERATORS,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "LOSS_NAMES",
     "MASKED",
     "OPERATORS",
+    "OPERATOR_MADDS",
     "OPERATOR_NAMES",
     "BatchScores",
     "Comparator",

@@ -9,6 +9,7 @@ imported when the model is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bigembed.registry import Registry
@@ -36,6 +37,16 @@ OPERATORS: Registry[type[Operator]] = Registry(
         ("complex_diagonal", f"{_OPS}:ComplexDiagonalOperator"),
     ],
 )
+#: Multiply-adds of each operator applied to one embedding of dimension ``d`` (forward; the
+#: backward is proportional): what the cost models of training and evaluation charge for it.
+OPERATOR_MADDS: dict[str, Callable[[int], int]] = {
+    "none": lambda d: 0,
+    "translation": lambda d: d,
+    "diagonal": lambda d: d,
+    "complex_diagonal": lambda d: 2 * d,
+    "linear": lambda d: d * d,
+    "affine": lambda d: d * d + d,
+}
 #: Comparators (similarity of two embeddings).
 COMPARATORS: Registry[type[Comparator]] = Registry(
     "comparator",

@@ -27,21 +27,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bigembed.config import ConfigSchema
+from bigembed.model import OPERATOR_MADDS
 from bigembed.partition_keys import Bucket
 from bigembed.storage import EdgeStore, chunk_range
 
 Signature = tuple[str, bool]
 """What a relation's per-edge cost depends on besides the shared settings: (operator, all_negs)."""
-
-#: Multiply-adds per edge of an operator of dimension ``d`` (forward; backward is proportional).
-_OPERATOR_FLOPS = {
-    "none": lambda d: 0,
-    "translation": lambda d: d,
-    "diagonal": lambda d: d,
-    "complex_diagonal": lambda d: 2 * d,
-    "linear": lambda d: d * d,
-    "affine": lambda d: d * d + d,
-}
 
 
 def signature_of(cfg: ConfigSchema, relation_idx: int) -> Signature:
@@ -60,7 +51,7 @@ def analytic_per_edge(cfg: ConfigSchema, sig: Signature, all_negs_rows: int = 0)
     sides = int(not cfg.disable_lhs_negs) + int(not cfg.disable_rhs_negs)
     negs = all_negs_rows if all_negs else cfg.num_batch_negs + cfg.num_uniform_negs
     # 2 rows gathered and updated, the operator on the positive, each corrupted side's scores.
-    return float(2 * d + _OPERATOR_FLOPS[operator](d) + sides * negs * d)
+    return float(2 * d + OPERATOR_MADDS[operator](d) + sides * negs * d)
 
 
 @dataclass
