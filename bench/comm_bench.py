@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -44,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import support_path  # noqa: F401  (tests/ on sys.path, for support)
+from rank_runs import bench_env, machine_name, run_ranks
 
 from bigembed.checkpoints import CheckpointStore
 from bigembed.config import STRATEGY_NAMES, config_to_dict
@@ -193,8 +193,7 @@ def run_one(
         f"communication.partition_precision={partition_precision}",
     ]
     cli = [sys.executable, "-m", "bigembed.cli"]
-    env = dict(os.environ)
-    env.pop("OMP_NUM_THREADS", None)
+    env = bench_env()
     source = "bigembed's count"
     started = time.perf_counter()
     if ranks == 1:
@@ -206,41 +205,18 @@ def run_one(
         wire = 0.0
         output = ""
     elif use_netns:
-        rate = None if link == "unshaped" else link
-        with netns.machines(ranks, rate, delay) as machines:
-            before = [m.counters()[0] for m in machines]
-            procs, logs = [], []
-            for k, m in enumerate(machines):
-                argv = [*cli, "train", str(cfg_path), "--rank", str(k), "--no-progress"]
-                argv += ["-p", f"num_machines={ranks}"]
-                argv += ["-p", f"distributed_init_method=tcp://{machines[0].address}:{PORT}"]
-                for p in params:
-                    argv += ["-p", p]
-                # one file per rank, not a pipe: a rank blocked on a full pipe that nobody
-                # reads yet (its peers' pipes are read first) would stall the whole run
-                log = (ckpt.parent / f"rank{k}.log").open("w+")
-                logs.append(log)
-                procs.append(
-                    subprocess.Popen(
-                        m.command(["env", f"GLOO_SOCKET_IFNAME={m.interface}", *argv]),
-                        cwd=ROOT,
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                    )
-                )
-            for proc in procs:
-                proc.wait(timeout=3600)
-            outs = []
-            for log in logs:
-                log.seek(0)
-                outs.append(log.read())
-                log.close()
-            output = "\n".join(outs)
-            if any(p.returncode for p in procs):
-                raise RuntimeError("a rank failed:\n" + "\n".join(o[-2000:] for o in outs))
-            wire = sum(m.counters()[0] - b for m, b in zip(machines, before, strict=True)) / 1e6
+        run = run_ranks(
+            cfg_path,
+            ranks,
+            params,
+            ckpt.parent,
+            use_netns=True,
+            link=None if link == "unshaped" else link,
+            delay=delay,
+            port=PORT,
+        )
+        output = "\n".join(run.outputs)
+        wire = (run.wire_bytes or 0) / 1e6
         source = "interface counters"
     else:
         argv = [*cli, "launch", str(cfg_path), "-n", str(ranks)]
@@ -332,18 +308,6 @@ def print_table(rows: list[Row], header: str) -> None:
             f"{per_round} | {r.epoch_s:.1f} | "
             f"{r.wall_s:.1f} | {speed} | {r.mrr:.4f} | {dmrr} | {one} |"
         )
-
-
-def machine_name() -> str:
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs"
 
 
 def main() -> int:

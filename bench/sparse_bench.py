@@ -43,23 +43,36 @@ NODES, EDGES = 82_168, 948_464
 ZIPF = 0.6
 
 
-def write_graph(path: Path, seed: int = 0) -> None:
-    """``EDGES`` distinct directed edges ``u<i>\\tu<j>`` (i != j), power-law degrees."""
+def slashdot_edges(
+    nodes: int = NODES, edges: int = EDGES, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``edges`` distinct directed edges (src, dst) over ``nodes`` nodes without self-loops,
+    power-law (Zipf-weighted, Chung-Lu) out- and in-degrees, in random order."""
     rng = np.random.default_rng(seed)
-    w = np.arange(1, NODES + 1, dtype=np.float64) ** -ZIPF
+    w = np.arange(1, nodes + 1, dtype=np.float64) ** -ZIPF
     p = w / w.sum()
-    out_rank, in_rank = rng.permutation(NODES), rng.permutation(NODES)
+    out_rank, in_rank = rng.permutation(nodes), rng.permutation(nodes)
     keys = np.empty(0, dtype=np.int64)
-    while keys.size < EDGES:
-        n = int((EDGES - keys.size) * 1.3) + 1000
-        src = out_rank[rng.choice(NODES, n, p=p)]
-        dst = in_rank[rng.choice(NODES, n, p=p)]
+    while keys.size < edges:
+        n = int((edges - keys.size) * 1.3) + 1000
+        src = out_rank[rng.choice(nodes, n, p=p)]
+        dst = in_rank[rng.choice(nodes, n, p=p)]
         keep = src != dst
-        keys = np.unique(np.concatenate([keys, src[keep] * NODES + dst[keep]]))
-    keys = rng.permutation(keys)[:EDGES]
-    src, dst = np.divmod(keys, NODES)
+        keys = np.unique(np.concatenate([keys, src[keep] * nodes + dst[keep]]))
+    keys = rng.permutation(keys)[:edges]
+    src, dst = np.divmod(keys, nodes)
+    return src, dst
+
+
+def edge_lines(src: np.ndarray, dst: np.ndarray) -> str:
+    """Edges as ``u<i>\\tu<j>`` lines (the TSV ``bigembed import --rel-col none`` reads)."""
     lines = np.char.add(np.char.add(np.char.add("u", src.astype(str)), "\tu"), dst.astype(str))
-    path.write_text("\n".join(lines.tolist()) + "\n")
+    return "\n".join(lines.tolist()) + "\n"
+
+
+def write_graph(path: Path, seed: int = 0) -> None:
+    """The soc-Slashdot0902-like graph: ``EDGES`` edges over ``NODES`` nodes, as a TSV."""
+    path.write_text(edge_lines(*slashdot_edges(NODES, EDGES, seed)))
 
 
 def write_config(path: Path, work: Path, dimension: int) -> None:

@@ -396,6 +396,7 @@ TESTS = ROOT / "tests"
 BENCH_SCRIPTS = {p.stem for p in BENCH.glob("*.py")}
 # a test of a bench script loads the script it tests (and nothing else of bench/)
 BENCH_SCRIPT_TESTS = {
+    "test_dp_bench.py": {"dp_bench", "dp_graphs", "dp_table"},
     "test_planted_graphs.py": {"planted_graphs", "popularity_baseline"},
     "test_wordnet_graph.py": {"wordnet_graph"},
 }
