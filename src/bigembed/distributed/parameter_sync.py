@@ -48,9 +48,10 @@ class SharedParameterSync(Observer):
             i for i, n in enumerate(names) if n.startswith(ACCUMULATOR_PREFIXES)
         )
         comm = cfg.communication
-        env = ctx.strategy_env()
+        env = ctx.strategy_env(sparse_rows=comm.sparse_rows)
+        rows = {i: i + 1 for i, n in enumerate(names) if n.startswith("emb/")}  # then its state
         self.strategy = make_strategy(
-            comm.strategy, env, SharedTensors(names, tensors, accumulators)
+            comm.strategy, env, SharedTensors(names, tensors, accumulators, rows)
         )
         self.strategy.start()
 
