@@ -9,7 +9,9 @@ bit-equal; a 4-partition graph swaps through each replica's own directory; resum
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 
 from bigembed.checkpoints import CheckpointStore
 from bigembed.config import parse_config_dict
+from bigembed.distributed.data_parallel import make_scratch
 from bigembed.distributed.replica_sync import digest
 from bigembed.train import Iteration, ReplicaShare, TrainingJob
 from support.graphs import graph_config, save_config, write_graph
@@ -132,6 +135,23 @@ def test_the_assignment_is_the_same_on_every_replica_and_changes_with_the_epoch(
     assert all(torch.equal(a, b) for a, b in zip(views[0], views[1], strict=True))
     later = ReplicaShare(job, 0, 2).assignment(it1, (0, 0), costs)
     assert not torch.equal(later[0], views[0][0])
+
+
+def test_a_killed_replicas_scratch_is_removed_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a directory with the scratch name pattern, the marker and a process that is gone."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = 2**22 + 1  # above Linux's largest pid_max: no process has it
+    made = make_scratch(1)
+    stale = tmp_path / made.name.replace(f"-pid{os.getpid()}-", f"-pid{dead}-")
+    made.rename(stale)
+    (stale / "embeddings_node_0.v1.npy").write_bytes(b"x")
+    unmarked = tmp_path / f"bigembed-replica1-pid{dead}-user"
+    unmarked.mkdir()
+    running = make_scratch(2)  # this process: alive
+    fresh = make_scratch(1)
+    assert not stale.exists() and unmarked.exists() and running.exists() and fresh.exists()
 
 
 def test_digest_tells_equal_bits_from_different_ones() -> None:

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -167,6 +168,8 @@ def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path, mode: str) -> Non
     finally:
         _kill_all(procs)
     assert [p.returncode != 0 for p in procs] == [True, True]
+    if mode == "data_parallel":  # the replica removed its scratch copy on its way out
+        assert not list(Path(tempfile.gettempdir()).glob(f"bigembed-replica1-pid{procs[1].pid}-*"))
     _one_error(outs[1], "interrupted by SIGTERM")
     _one_error(outs[0], "rank 1 (trainer) failed: interrupted by SIGTERM")
     share = max(1, (os.cpu_count() or 1) // 2)

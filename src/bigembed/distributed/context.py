@@ -94,6 +94,7 @@ class DistContext:
         self.command = command
         self._exit = on_fatal or (lambda message: exit_now(message, command))
         self._ending = threading.Lock()  # held by the one thread that ends a failed run
+        self._cleanups: list[Callable[[], None]] = []  # see on_exit
         self.raw_store: dist.Store | None = None
         self.store: dist.Store | None = None  # namespaced, for this (main) thread
         self.watchdog: Watchdog | None = None
@@ -280,6 +281,7 @@ class DistContext:
         end, so the error is printed once."""
         if not self._ending.acquire(blocking=False):
             threading.Event().wait()  # never set: the first caller exits the process
+        self._run_cleanups()
         wait_s = min(self.timeout, 3.0)
         if self.watchdog is None or not self.watchdog.store_lost:
             best_effort(lambda: self._leave(wait_s=wait_s), wait_s + 1.0)
@@ -303,8 +305,22 @@ class DistContext:
         except Exception as exc:  # leaving anyway
             logger.debug("leaving: %s", exc)
 
+    def on_exit(self, cleanup: Callable[[], None]) -> None:
+        """Run ``cleanup`` when this rank ends, also when it ends at once after a failure
+        (which skips ``finally`` blocks: see :func:`~bigembed.distributed.watchdog.exit_now`)."""
+        self._cleanups.append(cleanup)
+
+    def _run_cleanups(self) -> None:
+        while self._cleanups:
+            cleanup = self._cleanups.pop()
+            try:
+                cleanup()
+            except Exception as exc:  # ending anyway
+                logger.debug("cleanup at exit: %s", exc)
+
     def close(self, clean: bool = True) -> None:
         """Leave: mark this rank finished; rank 0, the store host, waits for everybody first."""
+        self._run_cleanups()
         if self.watchdog is not None:
             self.watchdog.stop(clean=clean)
         wait_s = self.timeout if clean else min(self.timeout, 3.0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -147,7 +148,8 @@ class DataParallelTrainer:
             store = self.local.checkpoint
             committed[0] = store.open_for_training()
         else:
-            self.scratch = Path(tempfile.mkdtemp(prefix=f"bigembed-replica{self.rank}-"))
+            self.scratch = make_scratch(self.rank)
+            self.ctx.on_exit(self._remove_scratch)  # also when the rank ends after a failure
             logger.info("replica %d keeps its swapped partitions in %s", self.rank, self.scratch)
             store = CheckpointStore(self.scratch)
             store.open_for_training()
@@ -218,6 +220,41 @@ class DataParallelTrainer:
                 self.sync.repairs,
             )
         self.ctx.barrier("end")
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+
+
+#: Scratch directories are named ``bigembed-replica<R>-pid<PID>-<random>`` and hold this marker.
+SCRATCH_PREFIX = "bigembed-replica"
+SCRATCH_MARKER = ".bigembed_replica_scratch"
+
+
+def make_scratch(rank: int) -> Path:
+    """A private scratch directory for replica ``rank``'s swapped partitions, in the system's
+    temporary directory. Those of replicas that were killed (their process is gone, so they
+    could not remove theirs) are removed first: only directories with bigembed's name pattern
+    and marker, whose process no longer runs."""
+    base = Path(tempfile.gettempdir())
+    for old in base.glob(f"{SCRATCH_PREFIX}*-pid*-*"):
+        pid = old.name.split("-pid", 1)[1].split("-", 1)[0]
+        if not pid.isdigit() or not (old / SCRATCH_MARKER).is_file() or _alive(int(pid)):
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+        logger.info("removed %s (the scratch of a replica that ended without removing it)", old)
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{rank}-pid{os.getpid()}-", dir=base))
+    (path / SCRATCH_MARKER).write_text(f"data-parallel replica {rank}, pid {os.getpid()}\n")
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
