@@ -184,6 +184,7 @@ def run_one(
     partition_precision: str,
     epochs: int,
     use_netns: bool,
+    sparse_rows: str = "false",
 ) -> Row:
     shutil.rmtree(ckpt, ignore_errors=True)
     params = [
@@ -191,6 +192,7 @@ def run_one(
         f"communication.strategy={strategy}",
         f"communication.precision={precision}",
         f"communication.partition_precision={partition_precision}",
+        f"communication.sparse_rows={sparse_rows}",
     ]
     cli = [sys.executable, "-m", "bigembed.cli"]
     env = bench_env()
@@ -321,6 +323,11 @@ def main() -> int:
     parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES))
     parser.add_argument("--precisions", default="fp32,int8")
     parser.add_argument("--partition-precisions", default="fp32")
+    parser.add_argument(
+        "--sparse-rows",
+        default="false",
+        help="communication.sparse_rows (false: whole tables, as issue 10 measured the codecs)",
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--dimension", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="small graphs, 1 epoch, loopback")
@@ -388,6 +395,7 @@ def main() -> int:
                 pp,
                 args.epochs,
                 use_netns,
+                args.sparse_rows,
             )
             rows.append(row)
             print(json.dumps(asdict(row)), flush=True)
@@ -396,7 +404,8 @@ def main() -> int:
         with netns.machines(1, None if args.link == "unshaped" else args.link, args.delay) as m:
             shaping = f"network namespaces on a bridge, each link: {m[0].shaping}"
     header = (
-        f"comm_bench: {machine_name()}; {shaping}; {args.epochs} epochs, d={args.dimension}; "
+        f"comm_bench: {machine_name()}; {shaping}; {args.epochs} epochs, d={args.dimension}, "
+        f"sparse_rows {args.sparse_rows}; "
         f"graphs: shared = {sizes['users'] * 4:,} users (4 partitions) x {sizes['items']:,} "
         f"items (unpartitioned), {sizes['shared_edges']:,} edges; parts = 8 x "
         f"{sizes['nodes']:,} nodes, {sizes['parts_edges']:,} edges; MRR: withheld edges "

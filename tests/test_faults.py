@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -169,7 +169,8 @@ def test_sigterm_stops_the_run_naming_the_rank(tmp_path: Path, mode: str) -> Non
         _kill_all(procs)
     assert [p.returncode != 0 for p in procs] == [True, True]
     if mode == "data_parallel":  # the replica removed its scratch copy on its way out
-        assert not list(Path(tempfile.gettempdir()).glob(f"bigembed-replica1-pid{procs[1].pid}-*"))
+        scratch = re.findall(r"keeps its swapped partitions in (\S+)", outs[1])
+        assert scratch and not Path(scratch[0]).exists(), outs[1]
     _one_error(outs[1], "interrupted by SIGTERM")
     _one_error(outs[0], "rank 1 (trainer) failed: interrupted by SIGTERM")
     share = max(1, (os.cpu_count() or 1) // 2)
@@ -389,6 +390,8 @@ def test_a_failed_rank_prints_its_error_once_when_threads_fail_together() -> Non
     ctx = DistContext.__new__(DistContext)  # only the shutdown path
     ctx.timeout, ctx.watchdog, ctx.store = 1.0, None, None
     ctx._ending = threading.Lock()
+    cleaned: list[int] = []
+    ctx._cleanups = [lambda: cleaned.append(1)]  # a data-parallel replica's scratch, say
     ended: list[str] = []
 
     def end(message: str) -> None:  # stands for printing the line and os._exit
@@ -403,3 +406,4 @@ def test_a_failed_rank_prints_its_error_once_when_threads_fail_together() -> Non
         t.start()
     time.sleep(1.5)
     assert len(ended) == 1, ended
+    assert cleaned == [1]  # the cleanups ran once, before the end

@@ -24,9 +24,7 @@ do not fit one machine's memory budget; see docs/distributed.md.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -39,8 +37,9 @@ from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.replica_sync import ReplicaSync
-from bigembed.distributed.shared_checkpoint import publish_signed, signed_value
+from bigembed.distributed.shared_checkpoint import collect_step_logs, publish_step_log
 from bigembed.kernels import Table
+from bigembed.output_paths import StagingClaim, claim_staging, remove_dead_staging
 from bigembed.train import (
     Iteration,
     ModelState,
@@ -52,7 +51,6 @@ from bigembed.train import (
     TrainResult,
     checkpoint_metadata,
     commit_with_stats,
-    merge_step_logs,
     resume,
 )
 
@@ -90,18 +88,10 @@ class ReplicaCheckpoints:
         net = self.net_bytes()
         log.step.net_bytes = net - self._reported
         self._reported = net
-        publish_signed(
-            ctx.store, ctx.session, f"stats/{version}/{ctx.rank}", json.dumps(log.to_json())
-        )
+        publish_step_log(ctx, version, log)
         ctx.barrier(f"v{version}/written")
         if ctx.rank == 0:
-            parts = []
-            for r in ctx.layout.trainers:
-                parts.append(
-                    StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}")))
-                )
-                ctx.store.delete_key(f"stats/{version}/{r}")
-            merged = merge_step_logs(parts)
+            merged = collect_step_logs(ctx, version)
             commit_with_stats(self.job, self.store, it, merged)
             step = merged.step
             logger.info(
@@ -139,6 +129,7 @@ class DataParallelTrainer:
         self.state: ModelState = self.local.state
         self.sync: ReplicaSync | None = None
         self.scratch: Path | None = None
+        self._claim: StagingClaim | None = None
 
     def _open(self) -> tuple[CheckpointStore, int]:
         """Rank 0 opens the checkpoint; every trainer learns the committed version. The others
@@ -148,7 +139,7 @@ class DataParallelTrainer:
             store = self.local.checkpoint
             committed[0] = store.open_for_training()
         else:
-            self.scratch = make_scratch(self.rank)
+            self.scratch, self._claim = make_scratch(self.rank)
             self.ctx.on_exit(self._remove_scratch)  # also when the rank ends after a failure
             logger.info("replica %d keeps its swapped partitions in %s", self.rank, self.scratch)
             store = CheckpointStore(self.scratch)
@@ -226,35 +217,23 @@ class DataParallelTrainer:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
 
-#: Scratch directories are named ``bigembed-replica<R>-pid<PID>-<random>`` and hold this marker.
+#: Scratch directories are named ``bigembed-replica<R>-<random>`` in the temporary directory.
 SCRATCH_PREFIX = "bigembed-replica"
-SCRATCH_MARKER = ".bigembed_replica_scratch"
 
 
-def make_scratch(rank: int) -> Path:
+def make_scratch(rank: int) -> tuple[Path, StagingClaim]:
     """A private scratch directory for replica ``rank``'s swapped partitions, in the system's
-    temporary directory. Those of replicas that were killed (their process is gone, so they
-    could not remove theirs) are removed first: only directories with bigembed's name pattern
-    and marker, whose process no longer runs."""
+    temporary directory, claimed by this process (a locked marker, as an import's staging
+    directories are: :func:`bigembed.output_paths.claim_staging`). Those of replicas that were
+    killed before they could remove theirs are removed first: only directories with the name
+    pattern and a marker whose process is gone."""
     base = Path(tempfile.gettempdir())
-    for old in base.glob(f"{SCRATCH_PREFIX}*-pid*-*"):
-        pid = old.name.split("-pid", 1)[1].split("-", 1)[0]
-        if not pid.isdigit() or not (old / SCRATCH_MARKER).is_file() or _alive(int(pid)):
-            continue
-        shutil.rmtree(old, ignore_errors=True)
+    for old in remove_dead_staging(base, [SCRATCH_PREFIX]):
         logger.info("removed %s (the scratch of a replica that ended without removing it)", old)
-    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{rank}-pid{os.getpid()}-", dir=base))
-    (path / SCRATCH_MARKER).write_text(f"data-parallel replica {rank}, pid {os.getpid()}\n")
-    return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    path = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{rank}-", dir=base))
+    return path, claim_staging(path)

@@ -78,6 +78,24 @@ class CheckpointAccess:
         return self.shared or self.rank == 0
 
 
+def publish_step_log(ctx: DistContext, version: int, log: StepLog) -> None:
+    """This trainer's log of step ``version``, for rank 0 (:func:`collect_step_logs`)."""
+    assert ctx.store is not None
+    key = f"stats/{version}/{ctx.rank}"
+    publish_signed(ctx.store, ctx.session, key, json.dumps(log.to_json()))
+
+
+def collect_step_logs(ctx: DistContext, version: int) -> StepLog:
+    """Rank 0, after a barrier that follows every trainer's :func:`publish_step_log`: their
+    logs of step ``version``, merged (and removed from the store)."""
+    assert ctx.store is not None
+    parts = []
+    for r in ctx.layout.trainers:
+        parts.append(StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}"))))
+        ctx.store.delete_key(f"stats/{version}/{r}")
+    return merge_step_logs(parts)
+
+
 def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
     """:func:`open_checkpoint` for a caller that needs a shared disk (refused without one);
     returns the committed version."""
@@ -222,21 +240,14 @@ class CooperativeCheckpoints:
         log.step.net_bytes = net - self._reported[0]
         log.step.lock_waits = waits - self._reported[1]
         self._reported = (net, waits)
-        key = f"stats/{version}/{ctx.rank}"
-        publish_signed(ctx.store, ctx.session, key, json.dumps(log.to_json()))
+        publish_step_log(ctx, version, log)
         if self.relay is not None:
             self.relay.publish(version)
         ctx.barrier(f"v{version}/written")
         if ctx.rank == 0:
             if self.relay is not None:
                 self.relay.collect(version)
-            parts = []
-            for r in ctx.layout.trainers:
-                parts.append(
-                    StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}")))
-                )
-                ctx.store.delete_key(f"stats/{version}/{r}")
-            merged = merge_step_logs(parts)
+            merged = collect_step_logs(ctx, version)
             if self.costs is not None:
                 self.costs.observe(merged.buckets)
             for pkey in sorted(self.partitions.pinned):
