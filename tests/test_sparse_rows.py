@@ -386,7 +386,9 @@ def _expected(world: int, strategy: str) -> list[torch.Tensor]:
 CASES = [
     (strategy, precision, world)
     for strategy in SPARSE_STRATEGIES
-    for precision, world in (("fp32", 2), ("int8", 3), ("bf16", 2), ("fp16", 3))
+    # fp32 (exact) on 2 trainers, int8 (per-row scales, error feedback) on 3; the 16-bit codecs
+    # share int8's path through the row codec, tested without processes above
+    for precision, world in (("fp32", 2), ("int8", 3))
 ]
 
 
