@@ -30,10 +30,8 @@ import numpy as np
 import torch.distributed as dist
 
 from bigembed.config import ConfigSchema
-from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
-from bigembed.distributed.rank_main import run_guarded, share_cores
-from bigembed.distributed.signals import install_stop_signals
+from bigembed.distributed.rank_main import open_context, run_guarded, share_cores
 from bigembed.errors import ConfigError, InputError
 from bigembed.eval import (
     EvalReport,
@@ -80,14 +78,7 @@ def eval_distributed(
         )
     run_cfg = cfg.model_copy(update={"num_partition_servers": 0})
     RankLayout.of(run_cfg).check_trainer_rank(rank)
-    ctx = DistContext(run_cfg, rank, command="eval")
-    uninstall = install_stop_signals(ctx.abort)
-    try:
-        ctx.open()
-    except BaseException:
-        ctx.close(clean=False)
-        uninstall()
-        raise
+    ctx, uninstall = open_context(run_cfg, rank, "eval")
     share_cores(ctx)
     num_ranks = run_cfg.num_machines
 

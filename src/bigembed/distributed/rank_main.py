@@ -32,6 +32,23 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
+def open_context(
+    cfg: ConfigSchema, rank: int, command: str
+) -> tuple[DistContext, Callable[[], None]]:
+    """Join the run as ``rank`` with SIGTERM/SIGINT ending it for everybody; returns the open
+    context and the function that restores the signal handlers. A failed join leaves nothing
+    installed."""
+    ctx = DistContext(cfg, rank, command=command)
+    uninstall = install_stop_signals(ctx.abort)
+    try:
+        ctx.open()
+    except BaseException:
+        ctx.close(clean=False)
+        uninstall()
+        raise
+    return ctx, uninstall
+
+
 def run_guarded(ctx: DistContext, body: Callable[[], T]) -> T:
     """``body()``, or the end of the whole run if it raises (this never returns then)."""
     try:
@@ -78,14 +95,7 @@ def train_distributed(
             parts,
             busy,
         )
-    ctx = DistContext(cfg, rank, command="train")
-    uninstall = install_stop_signals(ctx.abort)
-    try:
-        ctx.open()
-    except BaseException:
-        ctx.close(clean=False)
-        uninstall()
-        raise
+    ctx, uninstall = open_context(cfg, rank, "train")
     share_cores(ctx)
 
     def body() -> TrainResult:
@@ -109,14 +119,7 @@ def serve_partitions(cfg: ConfigSchema, *, index: int) -> int:
 
     layout = RankLayout.of(cfg)
     rank = layout.partition_server_rank(index)
-    ctx = DistContext(cfg, rank, command="partition-server")
-    uninstall = install_stop_signals(ctx.abort)
-    try:
-        ctx.open()
-    except BaseException:
-        ctx.close(clean=False)
-        uninstall()
-        raise
+    ctx, uninstall = open_context(cfg, rank, "partition-server")
 
     def body() -> None:
         server = PartitionServer(
