@@ -4,6 +4,9 @@ Every row trains one graph (bench/dp_graphs.py) from the same seed for the same 
 ranks its test edges with ``bigembed eval`` (filtered MRR, against every entity):
 
 * ``one machine``: ``bigembed train``, 1 worker, pinned to one core (the reference);
+* ``independent``: N one-machine trainings at once, each pinned to its own core and training
+  the whole graph: the ceiling of N cores on this machine (shared caches, memory bandwidth,
+  a virtual machine's cores); its speed-up counts all N trainings' epochs;
 * ``partitioned``: N ranks x 1 worker, PBG's mode (buckets under partition locks; on a
   1-partition graph one rank trains while the others wait);
 * ``data_parallel``: N ranks x 1 worker, every rank trains its share of the same bucket's
@@ -43,7 +46,7 @@ from typing import Any
 
 import dp_graphs
 import torch
-from dp_table import Row, markdown, target_lines
+from dp_table import INDEPENDENT, Row, markdown, target_lines
 from peaks import mm_peak, peaks_line
 from rank_runs import CLI, ROOT, bench_env, machine_name, pinned, run_ranks
 
@@ -74,7 +77,7 @@ class Plan:
     edge_split: str = "-"
 
     def params(self) -> list[str]:
-        if self.mode == "one machine":
+        if self.mode in ("one machine", INDEPENDENT):
             return []
         out = [f"distributed_mode={self.mode}", f"communication.strategy={self.strategy}"]
         out.append(f"communication.precision={self.precision}")
@@ -98,26 +101,39 @@ def step_stats(ckpt: Path) -> tuple[float, float | None, float]:
     return seconds, gate, net
 
 
+def lone_trainings(
+    config: Path, ckpts: list[Path], params: list[str], work: Path, timeout: float
+) -> None:
+    """``bigembed train`` into each of ``ckpts`` at once, the K-th pinned to core K, 1 worker
+    (``params`` are the ``-p`` overrides besides ``checkpoint_path``)."""
+    runs = []
+    for k, ckpt in enumerate(ckpts):
+        shutil.rmtree(ckpt, ignore_errors=True)
+        argv = [*CLI, "train", str(config), "--no-progress", "-p", f"checkpoint_path={ckpt}"]
+        argv += [a for p in params for a in ("-p", p)]
+        log = work / f"rank{k}.log"
+        with log.open("w") as out:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                pinned(argv, k), cwd=ROOT, env=bench_env(), stdout=out, stderr=out
+            )
+        runs.append((proc, log))
+    for proc, log in runs:
+        if proc.wait(timeout=timeout):
+            raise RuntimeError(f"one machine failed:\n{log.read_text()[-2000:]}")
+
+
 def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
     work = Path(args.workdir) / "runs"
     ckpt = work / "ckpt"
     shutil.rmtree(ckpt, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    params = [f"checkpoint_path={ckpt}", f"num_epochs={args.epochs}", *args.param, *plan.params()]
+    settings = [f"num_epochs={args.epochs}", *args.param, *plan.params()]
+    params = [f"checkpoint_path={ckpt}", *settings]
     started = time.perf_counter()
     wire: int | None = None
-    if plan.ranks == 1:
-        argv = [*CLI, "train", str(plan.graph.config), "--no-progress"]
-        for p in params:
-            argv += ["-p", p]
-        log = work / "rank0.log"
-        with log.open("w") as out:
-            cmd = pinned(argv, 0)
-            done = subprocess.run(
-                cmd, cwd=ROOT, env=bench_env(), stdout=out, stderr=out, timeout=args.row_timeout
-            )
-        if done.returncode:
-            raise RuntimeError(f"one machine failed:\n{log.read_text()[-2000:]}")
+    if plan.mode in ("one machine", INDEPENDENT):
+        ckpts = [ckpt] + [work / f"ckpt{k}" for k in range(1, plan.ranks)]
+        lone_trainings(plan.graph.config, ckpts, settings, work, args.row_timeout)
         source = "-"
     else:
         link = None if args.link == "unshaped" else args.link
@@ -137,8 +153,14 @@ def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
         source = "interface counters" if wire is not None else "bigembed's count"
     wall = time.perf_counter() - started
     seconds, gate, net = step_stats(ckpt)
+    if plan.mode == INDEPENDENT:  # the mean of the trainings' epochs
+        seconds = sum(step_stats(c)[0] for c in ckpts) / len(ckpts)
     mrr = dp_graphs.filtered_mrr(plan.graph, ckpt, work / "eval.json")
-    mb = None if plan.ranks == 1 else (wire / args.epochs if wire is not None else net) / 1e6
+    mb = (
+        None
+        if plan.mode in ("one machine", INDEPENDENT)
+        else (wire / args.epochs if wire is not None else net) / 1e6
+    )
     return Row(
         graph=plan.graph.name,
         partitions=plan.graph.partitions,
@@ -167,6 +189,8 @@ def plans(args: argparse.Namespace, graphs: list[dp_graphs.Graph]) -> list[Plan]
     for g in graphs:
         out.append(Plan(g, "one machine", 1))
         for n in (int(r) for r in args.ranks.split(",")):
+            if args.ceiling and g.name != "skewed":
+                out.append(Plan(g, INDEPENDENT, n))
             if g.name == "skewed":
                 out += [
                     Plan(g, "data_parallel", n, s, args.skew_precision, "rows", split)
@@ -241,6 +265,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--strategies", default=",".join(STRATEGY_NAMES), help="data-parallel rows")
     add("--precisions", default="fp32,fp16,bf16,int8", help="data-parallel rows")
     add("--sparse", default="false,true", help="communication.sparse_rows values")
+    add(
+        "--no-ceiling",
+        dest="ceiling",
+        action="store_false",
+        help="skip the rows of N independent trainings at once (this machine's ceiling)",
+    )
     add("--partitioned-strategy", default="async_ps", help="of the partitioned rows (fp32)")
     add("--skew-strategies", default=",".join(SYNCHRONOUS), help="rows on the skewed graph")
     add("--skew-precision", default="int8")

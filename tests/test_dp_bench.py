@@ -157,3 +157,27 @@ def test_the_quick_matrix_can_judge_every_target() -> None:
     assert "* slashdot, 4 partition(s), 2 ranks, allreduce: row-sparse int8" in lines
     assert "* skewed, 2 ranks, allreduce int8: gate wait even" in lines
     assert [p.params() for p in todo if p.mode == "one machine"] == [[]] * 4
+
+
+def test_the_ceiling_row_counts_every_independent_training() -> None:
+    """Two whole trainings at once, each 8 s an epoch against 5 s alone: the machine gives
+    2 x 5 / 8 = 1.25x one core; the data-parallel row is judged against one alone and the
+    ceiling is printed beside it, never taken as the data-parallel candidate."""
+    rows = [
+        _row(epoch_s=5.0),
+        _row(mode=dp_table.INDEPENDENT, ranks=2, epoch_s=8.0, mrr=0.9),
+        _dp(epoch_s=4.0, mrr=0.301),
+    ]
+    assert dp_table.speedup(rows, rows[1]) == 1.25
+    lines = dp_table.target_lines(rows)
+    (speed,) = [line for line in lines if "2 ranks" in line and "one rank" in line]
+    assert "1.25x one rank" in speed and speed.endswith(": missed")
+    (ceiling,) = [line for line in lines if "ceiling" in line]
+    assert "2 independent trainings" in ceiling and "1.25x one alone" in ceiling
+    args = dp_bench.parse_args(["--quick", "--graphs", "fb15k237"])
+    modes = [p.mode for p in dp_bench.plans(args, dp_bench.stand_ins(args))]
+    assert modes[:2] == ["one machine", dp_table.INDEPENDENT]
+    args = dp_bench.parse_args(["--quick", "--graphs", "fb15k237", "--no-ceiling"])
+    assert dp_table.INDEPENDENT not in [
+        p.mode for p in dp_bench.plans(args, dp_bench.stand_ins(args))
+    ]
