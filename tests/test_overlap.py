@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from bigembed.communication.lockstep import LockstepRounds
+from bigembed.communication.lockstep import GatePace, LockstepRounds
 from bigembed.train.hogwild.gate import BatchGate
 from support.strategy_runs import drive, expected, init, load, save, spawn
 
@@ -76,6 +76,58 @@ def test_overlap_lets_the_workers_train_during_a_round() -> None:
     during, lag = _round_thread(overlap=False)
     assert during == 0, during
     assert lag <= SYNC_EVERY, lag
+
+
+def test_the_round_thread_sleeps_by_the_workers_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the time the budget's batches left take at the measured pace, between 1 and 50 ms."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    pace = GatePace()
+    assert pace.pause(0, 16) == 0.001  # no pace yet: the finest look
+    pace.restart(0)
+    clock[0] = 0.04
+    assert pace.pause(4, 16) == pytest.approx(0.05)  # 10 ms a batch, 12 left: capped at 50 ms
+    clock[0] = 0.14
+    assert pace.pause(14, 16) == pytest.approx(0.01)  # 2 left: 10 ms
+    assert pace.pause(16, 16) == 0.001  # full: the round is due
+    pace.restart(16)  # the next round: the last pace until a batch is done
+    assert pace.pause(16, 32) == pytest.approx(0.05)
+
+
+def test_the_round_thread_looks_at_the_gate_a_few_times_a_round() -> None:
+    """A worker at 5 ms a batch, rounds every 8 batches (40 ms): the thread reads the batch
+    count a few times per round, not every millisecond (which is ~40 looks a round)."""
+    looks = [0]
+
+    class CountingGate(BatchGate):
+        def batches(self) -> int:
+            looks[0] += 1
+            return super().batches()
+
+    gate = CountingGate(1)
+    rounds = LockstepRounds(
+        0,
+        [0],
+        None,
+        gate,
+        gated=True,
+        sync_every=8,
+        interval=0.01,
+        on_data=lambda: None,
+        on_agree=lambda: None,
+        on_error=lambda message: None,
+        name="test-pace",
+    )
+    rounds.set_training(True)
+    rounds.start()
+    for _ in range(80):
+        gate.wait_turn()
+        time.sleep(0.005)
+        gate.passed(0)
+    rounds.set_training(False)
+    rounds.stop(10)
+    assert rounds.data_rounds >= 9, rounds.data_rounds
+    assert looks[0] / rounds.data_rounds < 15, (looks[0], rounds.data_rounds)
 
 
 def _slow_rounds(strategy: Any) -> None:

@@ -45,7 +45,40 @@ from bigembed.communication.primitives import flags_exchange
 from bigembed.train import BatchGate
 
 _FLAG_BATCHES, _FLAG_FLUSH, _FLAG_AGREE, _FLAG_STOP = range(4)
-_POLL_S = 0.001
+_POLL_S = 0.001  # the finest the round thread checks its gate
+_MAX_PAUSE_S = 0.05  # the longest it sleeps while its workers train
+
+
+class GatePace:
+    """How long a round thread may sleep before its workers can have used their budget.
+
+    The round thread cannot be woken by the workers (they are other processes, or the main
+    thread at full speed), so it looks at the gate. Looking every millisecond costs a thread
+    wake-up, and with one worker the GIL, a thousand times a second; instead it sleeps half the
+    time the batches left in the budget take at the pace the workers have trained since the
+    last round ended (the previous round's pace until a batch is done): a few looks per round,
+    and the last ones as fine as ``_POLL_S``.
+    """
+
+    def __init__(self) -> None:
+        self.seconds_per_batch: float | None = None
+        self._since: tuple[float, int] | None = None  # (time, batches) at the last round's end
+
+    def restart(self, batches: int) -> None:
+        """A round ended with ``batches`` done: measure the pace from here."""
+        self._since = (time.monotonic(), batches)
+
+    def pause(self, batches: int, budget: int) -> float:
+        """Seconds to sleep with ``batches`` done of ``budget``."""
+        if self._since is None or batches < self._since[1]:
+            self.restart(batches)
+        start, done = self._since  # type: ignore[misc]
+        if batches > done:
+            self.seconds_per_batch = (time.monotonic() - start) / (batches - done)
+        if self.seconds_per_batch is None:
+            return _POLL_S
+        wanted = 0.5 * (budget - batches) * self.seconds_per_batch
+        return min(_MAX_PAUSE_S, max(_POLL_S, wanted))
 
 
 class LockstepRounds:
@@ -93,6 +126,7 @@ class LockstepRounds:
         self._agreements = 0
         self._failed: str | None = None
         self._cond = threading.Condition()
+        self._pace = GatePace()
         self._thread = threading.Thread(target=self._run, name=f"bigembed-{name}", daemon=True)
         if gated:  # a gate may come from an earlier strategy of the run: count from its total
             gate.allow(gate.batches() + sync_every)
@@ -154,13 +188,20 @@ class LockstepRounds:
             return self.gate.full()
         return time.monotonic() - last_start >= self.interval
 
+    def _pause(self, last_start: float) -> float:
+        """How long the thread may sleep before :meth:`_due` can turn true by itself (lock
+        held; requests notify the condition and cut the sleep short)."""
+        if self.gated and self._training:
+            return self._pace.pause(self.gate.batches(), int(self.gate.budget[0]))
+        return max(_POLL_S, self.interval - (time.monotonic() - last_start))
+
     def _run(self) -> None:
         try:
             last_start = 0.0
             while True:
                 with self._cond:
                     while not self._due(last_start):
-                        self._cond.wait(_POLL_S)
+                        self._cond.wait(self._pause(last_start))
                     self._started += 1
                     flush = self._flush_goal >= self._started
                     header = torch.tensor(
@@ -192,6 +233,7 @@ class LockstepRounds:
                 # (were it opened first, a worker could read the previous round's batch count).
                 if self.gated:
                     self.gate.allow(batches + self.sync_every)
+                    self._pace.restart(self.gate.batches())
                 if int(total[_FLAG_STOP]) == self.world:
                     return
         except Exception as exc:  # reported to the watchdog, which stops the run
