@@ -79,11 +79,18 @@ def test_a_header_split_at_another_character_suggests_delimiter(
     line = _import_fails(capsys, tmp_path, str(config), str(data), *named)
     assert f"{data}: no column 'src' for --lhs-col" in line
     assert line.endswith(f"into 3 columns (src, rel, dst): pass --delimiter {flag}"), line
+    split = ["split", str(data), "--output", str(tmp_path / "s"), "--by-relation"]
+    line = _fails(capsys, *split, "--header", "--rel-col", "rel")
+    assert f"{data}:1: no column 'rel' in the header" in line
+    assert line.endswith(f"pass --delimiter {flag}") and not (tmp_path / "s").exists(), line
     # by index, without a header: the same suggestion
     data.write_text(text.split("\n", 1)[1])
     line = _import_fails(capsys, tmp_path, str(config), str(data))
     assert f"{data}:1: has 1 column(s) but --rel-col is 1" in line
     assert line.endswith(f"pass --delimiter {flag}"), line
+    line = _fails(capsys, *split)
+    assert f"{data}:1: 1 field(s), need at least 3" in line
+    assert line.endswith(f"pass --delimiter {flag}") and not (tmp_path / "s").exists(), line
 
 
 def test_the_suggested_tab_delimiter_works_as_typed(
@@ -118,6 +125,9 @@ def test_a_column_typo_suggests_the_closest_column(
         capsys, tmp_path, str(config), str(data), "--header", "--lhs-col", "zzz", *cols
     )
     assert "did you mean" not in line and "--delimiter" not in line
+    split = ["split", str(data), "--output", str(tmp_path / "s"), "--header", "--by-relation"]
+    line = _fails(capsys, *split, "--rel-col", "rel")
+    assert line.endswith("(columns: source, relation, target); did you mean --rel-col 'relation'?")
 
 
 def test_a_wide_header_is_shown_in_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,6 +287,8 @@ def test_config_keys_key_shows_it_in_full(
     assert main(["config", "keys", "entities.user.num_partitions", "tune.params.lr.low"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("entities.TYPE.num_partitions\n") and "\ntune.params.KEY.low\n" in out
+    assert main(["config", "keys", "operator"]) == 0
+    assert capsys.readouterr().out.startswith("relations[i].operator\n  type:    str\n")
 
 
 def test_config_keys_unknown_key_is_one_line_with_close_matches(

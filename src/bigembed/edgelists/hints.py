@@ -60,9 +60,9 @@ def _fields(line: str, delimiter: str) -> list[str]:
 def delimiter_hint(
     line: str | None, current: str, *, names: Sequence[str] = (), width: int = 0
 ) -> str:
-    """``; ... pass --delimiter ';'`` when another likely separator splits ``line`` into
-    fields that hold every one of ``names`` (a header) or at least ``width`` fields; else ``""``.
-    """
+    """``; ... pass --delimiter ';'`` when another likely separator splits ``line`` (the first
+    line of the file) into fields that hold every one of ``names`` (a header) or at least
+    ``width`` fields; else ``""``."""
     if line is None:
         return ""
     for candidate in LIKELY_DELIMITERS:
@@ -84,6 +84,8 @@ def column_hint(wanted: str, columns: Sequence[str], flag: str) -> str:
     """``; did you mean --lhs-col source?`` for the column closest to ``wanted``, or ``""``."""
     lowered = {c.lower(): c for c in columns}
     close = [lowered[wanted.lower()]] if wanted.lower() in lowered else []
+    close = close or [c for c in columns if c.lower().startswith(wanted.lower())]
+    close = close if len(close) == 1 else []  # an abbreviation of exactly one column
     close = close or difflib.get_close_matches(wanted, list(columns), n=1, cutoff=0.6)
     return f"; did you mean {flag} {close[0]!r}?" if close else ""
 
