@@ -712,7 +712,8 @@ def test_cli_show(cfg_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_config_dict(data) == load_config(cfg_file)
 
 
-def test_cli_keys(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_keys(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     assert cli.main(["config", "keys"]) == 0
     out = capsys.readouterr().out
     for key, _, _, _ in config_keys():

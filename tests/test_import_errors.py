@@ -31,7 +31,11 @@ GOOD = "a\tr\tb\nb\tr\tc\n"
         (GOOD + "\nc\tr\td\textra\n", 4, "wrong number of columns: expected 3, got 4"),
         (GOOD + "\n\nc\tr\t\n", 5, "empty entity name"),
         (GOOD + "c\t\td\n", 3, "empty relation name"),
-        (GOOD * 3 + "c\tzz\td\n", 7, "unknown relation ('zz' is not in the config's relations)"),
+        (
+            GOOD * 3 + "c\tzz\td\n",
+            7,
+            "unknown relation ('zz' is not in the config's relations [r]; ",
+        ),
         (GOOD + "c\tr\td\n\nx\tr\t\xff\n", None, None),  # replaced with bytes below
     ],
 )

@@ -2,8 +2,10 @@
 
 ``bigembed config show CONFIG [-p KEY=VALUE ...] [--format yaml|json]`` validates the config,
 applies the overrides and prints it with every default filled in (the exact config a run uses).
-``bigembed config keys`` prints the table of all keys, their types, defaults and meanings, with
-a ``pbg`` column (same / differs / new) and, below it, how each ``differs`` key differs from PBG.
+``bigembed config keys`` prints every key on one line cut to the terminal's width (default,
+``pbg`` column: same / differs / new, the start of its meaning) and, below it, how each
+``differs`` key differs from PBG; ``bigembed config keys KEY...`` shows those keys in full (type,
+allowed values, default, PBG status, the whole description).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from bigembed.config import (
     config_from_args,
     config_to_dict,
     format_config_keys,
+    format_key_help,
 )
 
 
@@ -32,7 +35,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    print(format_config_keys())
+    print(format_key_help(args.keys) if args.keys else format_config_keys())
     return 0
 
 
@@ -60,9 +63,18 @@ def register(subparsers: Any) -> None:
 
     keys = sub.add_parser(
         "keys",
-        help="print every config key with its type, default and meaning",
-        description="Print every config key with its type, default, meaning and how it "
-        "compares with PyTorch-BigGraph (pbg column: same, differs or new; the differences are "
-        "listed after the table and in docs/pbg_compatibility.md).",
+        help="list the config keys, or show some in full",
+        description="Without KEY: every config key on one line (default, how it compares with "
+        "PyTorch-BigGraph: pbg column same, differs or new, and the start of its meaning; the "
+        "differences are listed after the table and in docs/pbg_compatibility.md). With KEY: "
+        "those keys in full (type, allowed values, default, the whole description).",
+    )
+    keys.add_argument(
+        "keys",
+        nargs="*",
+        metavar="KEY",
+        help="a key as listed (relations[i].operator), with an index or name in place of the "
+        "placeholder (relations[0].operator, entities.user.num_partitions), or its last part "
+        "(operator)",
     )
     keys.set_defaults(func=_keys)

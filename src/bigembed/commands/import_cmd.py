@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--delimiter",
-        help="field separator of text inputs (default: tab for tsv/txt, comma for csv)",
+        help="field separator of text inputs, one character ('\\t': a tab; default: tab "
+        "for tsv/txt, comma for csv)",
     )
     parser.add_argument(
         "--entity-min-count",

@@ -8,7 +8,8 @@
   :mod:`~bigembed.config.validation_errors`); :mod:`~bigembed.config.cli_args` the command-line
   arguments;
 * :mod:`~bigembed.config.pbg_keys`: how keys compare with PBG's;
-  :mod:`~bigembed.config.key_listing` the ``bigembed config keys`` table;
+  :mod:`~bigembed.config.key_listing` the ``bigembed config keys`` table,
+  :mod:`~bigembed.config.key_help` one key in full;
 * :mod:`~bigembed.config.to_model`: the model's part of the config.
 """
 

@@ -1,6 +1,7 @@
 from .checks import config_warnings
 from .cli_args import add_config_arguments, config_from_args
 from .files import read_config_file
+from .key_help import format_key_help
 from .key_listing import config_keys, format_config_keys
 from .keys import normalize_keys
 from .loading import config_to_dict, load_config, parse_config_dict
@@ -34,6 +35,7 @@ __all__ = [
     "config_to_dict",
     "config_warnings",
     "format_config_keys",
+    "format_key_help",
     "load_config",
     "model_spec",
     "normalize_keys",

@@ -98,8 +98,20 @@ def _load_json(path: Path) -> Any:
         ) from None
 
 
+def _what_happened(exc: BaseException) -> str:
+    """``ValueError: nope`` or ``it called sys.exit(3)``: the reason a Python config failed."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) (a config must return its dict, not exit)"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def _load_python(path: Path) -> Any:
-    """Run a PBG-style config (the file the user named) and call get_torchbiggraph_config()."""
+    """Run a PBG-style config (the file the user named) and call get_torchbiggraph_config().
+
+    Whatever the file does wrong, an exception or ``sys.exit()`` (SystemExit would otherwise end
+    bigembed silently with the config's status), is one ConfigError naming the file and line.
+    """
     target = str(path.resolve())
 
     def line_of(exc: BaseException) -> str:
@@ -110,9 +122,9 @@ def _load_python(path: Path) -> Any:
         namespace = runpy.run_path(target, run_name="__bigembed_config__")
     except SyntaxError as exc:
         raise ConfigError(f"{path}:{exc.lineno}: Python syntax error: {exc.msg}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ConfigError(
-            f"{path}{line_of(exc)}: error while running the config: {type(exc).__name__}: {exc}"
+            f"{path}{line_of(exc)}: error while running the config: {_what_happened(exc)}"
         ) from None
     func = namespace.get("get_torchbiggraph_config")
     if not callable(func):
@@ -121,9 +133,9 @@ def _load_python(path: Path) -> Any:
         )
     try:
         return func()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise ConfigError(
-            f"{path}{line_of(exc)}: get_torchbiggraph_config() failed: {type(exc).__name__}: {exc}"
+            f"{path}{line_of(exc)}: get_torchbiggraph_config() failed: {_what_happened(exc)}"
         ) from None
 
 

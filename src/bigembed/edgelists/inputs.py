@@ -19,6 +19,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from bigembed.edgelists.arrow_files import ArrowObjects
+from bigembed.edgelists.hints import (
+    check_delimiter,
+    check_parquet_types,
+    column_hint,
+    delimiter_hint,
+    first_line,
+    shown_names,
+)
 from bigembed.edgelists.throttle import ReadAheadLimit
 from bigembed.errors import InputError
 
@@ -72,6 +80,10 @@ class TextOptions:
     header: bool = False
     delimiter: str | None = None  # None: tab for tsv, comma for csv
     block_size: int = 8 << 20  # the CSV reader reads up to 32 blocks ahead
+
+    def __post_init__(self) -> None:
+        if self.delimiter is not None:
+            object.__setattr__(self, "delimiter", check_delimiter(self.delimiter))
 
     def parse_options(self, fmt: str) -> pacsv.ParseOptions:
         quoted = fmt == "csv"
@@ -230,11 +242,13 @@ class InputFile:
         return InputError(f"{self.path}: cannot read this {what}{self.fmt} file: {exc}")
 
     def _resolve_columns(self) -> None:
+        schema: pa.Schema | None = None
         if self.fmt == "parquet":
             try:
-                self.column_names = list(pq.ParquetFile(self.path).schema_arrow.names)
+                schema = pq.ParquetFile(self.path).schema_arrow
             except (OSError, pa.ArrowException) as exc:
                 raise self._arrow_error(exc) from None
+            self.column_names = list(schema.names)
         else:
             raw, reader, handed = self._text_reader(None, 1 << 20)
             try:
@@ -248,9 +262,11 @@ class InputFile:
             if isinstance(col, int):
                 if not 0 <= col < len(self.column_names):
                     where = f"{self.path}:{first_line}" if self.fmt != "parquet" else f"{self.path}"
+                    indices = [c for c in self.spec.roles().values() if isinstance(c, int)]
+                    hint = self._delimiter_hint(width=max(indices) + 1)
                     raise InputError(
                         f"{where}: has {len(self.column_names)} column(s) but {flag} is {col} "
-                        f"(columns count from 0)"
+                        f"(columns count from 0){hint}"
                     )
                 self.selected[role] = self.column_names[col]
             else:
@@ -260,11 +276,17 @@ class InputFile:
                         f"(a first line with column names) or a column index"
                     )
                 if col not in self.column_names:
+                    names = [c for c in self.spec.roles().values() if isinstance(c, str)]
+                    hint = self._delimiter_hint(names=names) or column_hint(
+                        col, self.column_names, flag
+                    )
                     raise InputError(
                         f"{self.path}: no column {col!r} for {flag} (columns: "
-                        f"{', '.join(self.column_names)})"
+                        f"{shown_names(self.column_names)}){hint}"
                     )
                 self.selected[role] = col
+        if schema is not None:
+            check_parquet_types(self.path, schema, self.selected)
         seen: dict[str, str] = {}
         for role, name in self.selected.items():
             if name in seen:
@@ -272,6 +294,15 @@ class InputFile:
                     f"{self.path}: --{role}-col and --{seen[name]}-col both select column {name!r}"
                 )
             seen[name] = role
+
+    def _delimiter_hint(self, *, names: list[str] | None = None, width: int = 0) -> str:
+        """A ``--delimiter`` suggestion for a text input whose first line splits better at
+        another separator (see :func:`~bigembed.edgelists.hints.delimiter_hint`)."""
+        if self.fmt == "parquet":
+            return ""
+        current = self.text.parse_options(self.fmt).delimiter
+        line = first_line(self.path, self.compression)
+        return delimiter_hint(line, current, names=names or (), width=width)
 
     # ---- reading
     def batches(self) -> Iterator[Batch]:

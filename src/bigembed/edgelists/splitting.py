@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bigembed.atomic import atomic_directory
+from bigembed.edgelists.hints import column_hint, delimiter_hint, shown_delimiter, shown_names
 from bigembed.edgelists.inputs import ColumnSpec, TextOptions, detect_format
 from bigembed.errors import InputError
 
@@ -114,7 +115,7 @@ def _split_line(line: str, delimiter: str, quoted: bool) -> list[str]:
 
 
 def _column_index(
-    spec: int | str, role: str, header: list[str] | None, path: Path, has_header: bool
+    spec: int | str, role: str, header: list[str] | None, path: Path, delimiter: str
 ) -> int:
     if isinstance(spec, int):
         return spec
@@ -124,8 +125,12 @@ def _column_index(
             "names the columns) or give a 0-based index"
         )
     if spec not in header:
+        line = delimiter.join(header)
+        hint = delimiter_hint(line, delimiter, names=[spec]) or column_hint(
+            spec, header, f"--{role}-col"
+        )
         raise InputError(
-            f"{path}:1: no column {spec!r} in the header (columns: {', '.join(header)})"
+            f"{path}:1: no column {spec!r} in the header (columns: {shown_names(header)}){hint}"
         )
     return header.index(spec)
 
@@ -187,21 +192,23 @@ class _TextSource:
     def read(self, opts: SplitOptions, need_rel: bool, need_ents: bool) -> _Rows:
         _, header = self.header()
         cols = opts.columns
-        li = _column_index(cols.lhs, "lhs", header, self.path, self.has_header)
-        ri = _column_index(cols.rhs, "rhs", header, self.path, self.has_header)
+        li = _column_index(cols.lhs, "lhs", header, self.path, self.delimiter)
+        ri = _column_index(cols.rhs, "rhs", header, self.path, self.delimiter)
         reli = (
             None
             if cols.rel is None
-            else _column_index(cols.rel, "rel", header, self.path, self.has_header)
+            else _column_index(cols.rel, "rel", header, self.path, self.delimiter)
         )
         width = max(i for i in (li, ri, reli) if i is not None) + 1
         rows, rels, ents = _Rows(), _Interner(), _Interner()
         for number, line in self.lines():
             fields = _split_line(line, self.delimiter, self.quoted)
             if len(fields) < width:
+                # on the first line only: a file whose later lines differ is not fixed by it
+                hint = delimiter_hint(line, self.delimiter, width=width) if not rows.count else ""
                 raise InputError(
                     f"{self.path}:{number}: {len(fields)} field(s), need at least {width} "
-                    f"(separator {self.delimiter!r})"
+                    f"(separator {shown_delimiter(self.delimiter)}){hint}"
                 )
             for role, i in (("lhs", li), ("rhs", ri), ("relation", reli)):
                 if i is not None and not fields[i].strip():

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,6 +40,9 @@ def _valid_utf8(values: pa.Array) -> np.ndarray:
             except UnicodeDecodeError:
                 out[i] = False
         return out
+
+
+KNOWN_SHOWN = 5  # relation names listed in an "unknown relation" message
 
 
 class RelationMapper:
@@ -92,13 +96,23 @@ class RelationMapper:
             if unknown_local.any():
                 mask = unknown_local[indices]
                 rows = np.flatnonzero(mask)[:5]
-                detail = {
-                    int(r): f"{names[indices[r]].decode('utf-8')!r} is not in the config's "
-                    f"relations"
-                    for r in rows
-                }
+                detail = {int(r): self._unknown(names[indices[r]].decode("utf-8")) for r in rows}
                 problems.append(Problem(mask, UNKNOWN_RELATION, detail))
         return local_ids[indices], problems
+
+    def _unknown(self, name: str) -> str:
+        """Why ``name`` is refused, and what would work: the known names (a few), the closest
+        one, or ``dynamic_relations: true`` (relation names taken from the data)."""
+        known = self.config_names
+        shown = ", ".join(known[:KNOWN_SHOWN])
+        if len(known) > KNOWN_SHOWN:
+            shown += f" and {len(known) - KNOWN_SHOWN} more"
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        mean = f"did you mean {close[0]!r}? Otherwise " if close else ""
+        return (
+            f"{name!r} is not in the config's relations [{shown}]; {mean}add it to relations "
+            "or set dynamic_relations: true to take relation names from the data"
+        )
 
     def add_counts(self, ids: np.ndarray) -> None:
         size = max(len(self.counts), len(self.dictionary))

@@ -22,17 +22,39 @@ from bigembed.partition_keys import PartitionKey
 from bigembed.storage import EdgeStore, EntityStore, check_edges_import, check_edges_relations
 
 
+def _shown(names: list[str]) -> str:
+    return f"[{', '.join(names)}]"
+
+
+def check_entity_types(cfg: ConfigSchema, entities: EntityStore) -> None:
+    """Refuse a config whose relations use entity types the import does not have, naming the
+    types on both sides (and the relations, when those differ as well: a config written for
+    another graph usually changes both)."""
+    used = sorted({t for r in cfg.relations for t in (r.lhs, r.rhs)})
+    have = sorted(entities.entity_types)
+    missing = [t for t in used if t not in have]
+    if not missing:
+        return
+    relations = relation_list(cfg)
+    imported = None if entities.dynamic_relations else entities.relation_names()
+    also = ""
+    if relations != imported:
+        mine = "dynamic" if relations is None else _shown(relations)
+        theirs = "dynamic" if imported is None else _shown(imported)
+        also = f"; its relations differ too (config {mine}, import {theirs})"
+    raise ConfigError(
+        f"entities: the config's relations use entity types {_shown(used)} but the graph at "
+        f"{cfg.entity_path} was imported with {_shown(have)} (missing: {', '.join(missing)})"
+        f"{also}; re-run bigembed import with this config (or restore the config's entities)"
+    )
+
+
 def check_graph(cfg: ConfigSchema, entities: EntityStore, edge_stores: list[EdgeStore]) -> None:
     """Refuse a graph that is not the one the config describes (one line naming the key)."""
     check_edges_import(entities, *edge_stores)
+    check_entity_types(cfg, entities)
     check_edges_relations(relation_list(cfg), *edge_stores)
     for etype in {t for r in cfg.relations for t in (r.lhs, r.rhs)}:
-        if etype not in entities.entity_types:
-            raise ConfigError(
-                f"entity type '{etype}' is not in the imported graph at {cfg.entity_path} "
-                f"(it has: {', '.join(sorted(entities.entity_types))}); "
-                "re-run bigembed import"
-            )
         want = cfg.entities[etype].num_partitions
         have = entities.num_partitions(etype)
         if want != have:
