@@ -15,6 +15,7 @@ from bigembed.config.schema import ConfigSchema
 from bigembed.config.sections import (
     CommunicationSchema,
     EarlyStoppingSchema,
+    EdgeFilesSchema,
     EntitySchema,
     RelationSchema,
     TuneParamSchema,
@@ -108,6 +109,7 @@ def config_keys() -> list[tuple[str, str, str, str]]:
             ("relations[i].", RelationSchema),
             ("communication.", CommunicationSchema),
             ("early_stopping.", EarlyStoppingSchema),
+            ("edge_files.", EdgeFilesSchema),
             ("tune.", TuneSchema),
             ("tune.params.KEY.", TuneParamSchema),
         ]
