@@ -2,8 +2,8 @@
 
 Every command of the README's marked ```bash block and of the tutorial's ```bash blocks runs in
 order in a scratch directory. Only training is cut (fewer epochs, and for FB15k-237 a smaller
-dimension) to keep the test short; everything else is the pages' text, so the docs cannot
-drift from what the commands do.
+dimension and fewer negatives) to keep the test short; everything else is the pages' text, so
+the docs cannot drift from what the commands do.
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def test_the_readme_quickstart_runs_as_written(tmp_path, monkeypatch, capsys) ->
     ]
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
-    small = ["-p", "num_epochs=1", "-p", "dimension=16", "-p", "workers=1", "--no-progress"]
+    small = [
+        *("-p", "num_epochs=1", "-p", "dimension=16", "-p", "workers=1"),
+        *("-p", "num_uniform_negs=10", "-p", "num_batch_negs=10", "--no-progress"),
+    ]
     done = dict((argv[1], out) for argv, out in _run(commands, {"train": small}, capsys))
     assert "entities all: 14,541" in done["import"]
     assert "edges work/fb15k237/test: 20,466" in done["import"]

@@ -170,7 +170,7 @@ def _summary(shape: EdgeFileShape, output: Path, paths: StarterPaths) -> str:
         rels = f"over {shape.relation_limit} distinct: dynamic_relations"
     else:
         top = list(shape.relation_counts.items())
-        shown = ", ".join(f"{name} {count:,}" for name, count in top[:5])
+        shown = ", ".join(f"{name} ({count:,})" for name, count in top[:5])
         rels = f"{len(top)} listed ({shown}{', ...' if len(top) > 5 else ''})"
     store = str(Path(paths.model).parent)
     return "\n".join(
