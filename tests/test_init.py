@@ -55,7 +55,8 @@ def _in_tmp(tmp_path: Path, monkeypatch) -> None:
 def test_csv_with_header_to_a_trained_model(tmp_path: Path, capsys) -> None:
     _write_text(tmp_path / "edges.csv", _rows(), ",", ["person", "relation", "other"])
     cfg, out = _init(tmp_path, capsys, "edges.csv", "--output", "edges.yaml")
-    assert "60 edges, csv, comma-separated, header line" in out
+    assert "(60 edges, csv)" in out and "comma-separated" in out
+    assert "header: the first line names the columns: 'relation' is a column name" in out
     assert cfg["edge_files"] == {
         "header": True,
         "delimiter": ",",
@@ -125,6 +126,42 @@ def test_parquet_columns_by_name(tmp_path: Path, capsys) -> None:
     # the flags win over the guesses: no relation column
     cfg, out = _init(tmp_path, capsys, "g.parquet", "-o", "g1.yaml", "--rel-col", "none")
     assert cfg["edge_files"]["rel_col"] is None and "--rel-col as given" in out
+
+
+def test_tsv_with_header_and_numeric_ids(tmp_path: Path, capsys) -> None:
+    rows = [(str(i % 13), str(i % 2), str((i * 5) % 11)) for i in range(40)]
+    _write_text(tmp_path / "ids.tsv", rows, "\t", ["from_id", "kind", "to_id"])
+    cfg, out = _init(tmp_path, capsys, "ids.tsv", "-o", "ids.yaml")
+    assert "'from_id' is not a number but the rest of column 0 is" in out
+    assert cfg["edge_files"]["header"] is True
+    assert cfg["edge_files"]["lhs_col"] == "from_id" and cfg["edge_files"]["rhs_col"] == "to_id"
+    assert [r["name"] for r in cfg["relations"]] == ["0", "1"]  # names, written as strings
+    assert "relation types: 2" in _import("ids.yaml", "ids.tsv", capsys)
+
+
+def test_excel_csv_and_unnamed_parquet_columns(tmp_path: Path, capsys) -> None:
+    # a byte-order mark and spaces after the commas, as spreadsheets write them
+    text = "\ufeffsource, relation, target\n" + "".join(f"{a}, {r}, {b}\n" for a, r, b in _rows())
+    (tmp_path / "x.csv").write_text(text, encoding="utf-8")
+    cfg, _ = _init(tmp_path, capsys, "x.csv", "-o", "x.yaml")
+    assert cfg["edge_files"]["lhs_col"] == "source" and cfg["edge_files"]["rel_col"] == " relation"
+    assert "relation types: 3" in _import("x.yaml", "x.csv", capsys)
+
+    rows = _rows()
+    columns = {f"c{i}": [r[i] for r in rows] for i in range(3)}
+    pq.write_table(pa.table(columns), tmp_path / "c.parquet")
+    cfg, out = _init(tmp_path, capsys, "c.parquet", "-o", "c.yaml")
+    assert cfg["edge_files"] == {"lhs_col": "c0", "rel_col": "c1", "rhs_col": "c2"}
+    assert "by position" in out
+    assert "relation types: 3" in _import("c.yaml", "c.parquet", capsys)
+
+
+def test_a_one_letter_entity_is_not_a_header(tmp_path: Path, capsys) -> None:
+    rows = [("s", "follows", "t"), *_rows()]  # 's' and 't' are also header words of some
+    _write_text(tmp_path / "s.csv", rows, ",", None)
+    cfg, _ = _init(tmp_path, capsys, "s.csv", "-o", "s.yaml")
+    assert cfg["edge_files"]["header"] is False
+    assert "61 (from s.csv)" in _import("s.yaml", "s.csv", capsys)
 
 
 def test_header_flags_override_the_guess(tmp_path: Path, capsys) -> None:

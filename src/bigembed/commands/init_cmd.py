@@ -153,12 +153,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(shape: EdgeFileShape, output: Path, paths: StarterPaths) -> str:
-    from bigembed.edgelists import delimiter_name
 
-    how = [f"{shape.edges:,} edges", shape.fmt]
-    if shape.delimiter is not None:
-        how.append(f"{delimiter_name(shape.delimiter)}-separated")
-        how.append("header line" if shape.header else "no header line")
+    fmt = shape.fmt + (f", {shape.compression}" if shape.compression else "")
+    read = [
+        f"  {topic}: {shape.why[topic]}" for topic in ("delimiter", "header") if topic in shape.why
+    ]
     cols = ", ".join(
         f"{role} {shape.column_label(r)}"
         for r, role in (("lhs", "head"), ("rel", "relation"), ("rhs", "tail"))
@@ -175,7 +174,8 @@ def _summary(shape: EdgeFileShape, output: Path, paths: StarterPaths) -> str:
     store = str(Path(paths.model).parent)
     return "\n".join(
         [
-            f"Wrote {output} for {shape.path} ({', '.join(how)}):",
+            f"Wrote {output} for {shape.path} ({shape.edges:,} edges, {fmt}):",
+            *read,
             f"  columns: {cols} ({shape.why['columns']})",
             f"  relations: {rels}",
             f"  stores and checkpoint: {store}/ (entities, edges, model)",

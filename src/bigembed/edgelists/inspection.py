@@ -40,7 +40,8 @@ ROLE_NAMES = {
     "rel": ("rel", "relation", "r", "predicate", "pred", "p", "label", "type", "edgetype"),
     "rhs": ("rhs", "tail", "t", "target", "dst", "object", "obj", "o", "to", "node2", "end"),
 }
-_ANY_ROLE = HEADER_WORDS | {n for names in ROLE_NAMES.values() for n in names}
+# Names that, alone in a first line, mark it as a header (one-letter ones could be entities).
+_HEADER_EVIDENCE = HEADER_WORDS | {n for v in ROLE_NAMES.values() for n in v if len(n) > 2}
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _sample_lines(path: Path, compression: str | None) -> list[str]:
             complete = len(data) < SAMPLE_BYTES or stream.read(1) == b""
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: cannot read this file: {exc}") from None
-    text = data.decode("utf-8", "replace")
+    text = data.decode("utf-8", "replace").removeprefix("\ufeff")  # Arrow skips a BOM too
     lines = text.splitlines()
     if not complete and len(lines) > 1:
         lines.pop()  # cut in the middle
@@ -132,7 +133,7 @@ def _header_evidence(rows: list[list[str]]) -> str | None:
     first, rest = rows[0], rows[1:]
     for i, value in enumerate(first):
         others = [row[i] for row in rest if i < len(row)]
-        if _norm(value) in _ANY_ROLE and value not in others:
+        if _norm(value) in _HEADER_EVIDENCE and value not in others:
             return f"{value.strip()!r} is a column name (and in no other line)"
         if others and not _is_number(value) and all(_is_number(v) for v in others):
             return f"{value!r} is not a number but the rest of column {i} is"
@@ -244,13 +245,13 @@ def _text_layout(
         evidence = _header_evidence(rows)
         header = evidence is not None
         why["header"] = (
-            f"the first line is a header: {evidence}"
+            f"the first line names the columns: {evidence}"
             if evidence
             else "no header line (the first line looks like an edge; --header if it is not)"
         )
     else:
         why["header"] = "header line (--header)" if header else "no header line (--no-header)"
-    names = [name.strip() for name in rows[0]] if header else None
+    names = rows[0] if header else None  # as Arrow reads them, spaces included
     return delimiter, header, names, width, why
 
 
