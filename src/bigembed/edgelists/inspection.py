@@ -161,11 +161,11 @@ def _auto_columns(names: list[str] | None, width: int) -> tuple[dict[str, int | 
         found: dict[str, int | None] = {}
         taken: set[int] = set()
         for role in ("lhs", "rhs", "rel"):
-            found[role] = _by_name(names, role, taken)
-            if found[role] is not None:
-                taken.add(found[role])  # type: ignore[arg-type]
+            col = found[role] = _by_name(names, role, taken)
+            if col is not None:
+                taken.add(col)
         if found["lhs"] is not None and found["rhs"] is not None:
-            return found, "by their header names"
+            return found, "by their names"
     if width == 2:
         return {"lhs": 0, "rel": None, "rhs": 1}, "two columns: head, tail (no relation column)"
     return {"lhs": 0, "rel": 1, "rhs": 2}, "by position: head, relation, tail"
