@@ -16,6 +16,7 @@ import yaml
 from bigembed import cli
 from bigembed.config import (
     ConfigSchema,
+    EdgeFilesSchema,
     EntitySchema,
     RelationSchema,
     config_keys,
@@ -178,6 +179,7 @@ PBG_DEFAULTS = {
     "relation_init_scale": None,  # None: PBG's identity start of the operators
     "entity_dropout": 0.0,  # 0: no dropout, as PBG
     "relation_dropout": 0.0,
+    "edge_files": EdgeFilesSchema(),  # import reads column 0, 1, 2 of headerless files
 }
 
 

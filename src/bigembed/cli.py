@@ -39,6 +39,8 @@ COMMANDS: Registry[Callable[[Any], None]] = Registry(
     "command",
     [
         ("demo", f"{_CMD}.demo:register"),
+        ("datasets", f"{_CMD}.datasets_cmd:register"),
+        ("init", f"{_CMD}.init_cmd:register"),
         ("split", f"{_CMD}.split_cmd:register"),
         ("import", f"{_CMD}.import_cmd:register"),
         ("config", f"{_CMD}.config_cmd:register"),

@@ -47,6 +47,7 @@ MARKED_KINDS = (
     "pbg-entities",
     "split",
     "tune",
+    "dataset",
 )
 FILE_KINDS = ("eval-report", "png")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

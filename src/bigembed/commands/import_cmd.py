@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bigembed.commands.columns import add_column_arguments
+from bigembed.commands.columns import FROM_CONFIG, add_column_arguments, configured
 from bigembed.config import add_config_arguments, config_from_args
 from bigembed.edgelists import FORMATS, ColumnSpec, TextOptions
 from bigembed.importing import ImportOptions, run_import
@@ -15,7 +15,9 @@ DESCRIPTION = """\
 Import edge lists into the entity store (config entity_path) and one bucketed edge store per
 config edge_paths entry (one INPUT per edge path, in order; all share one entity dictionary).
 Inputs: .tsv/.txt (tab-separated), .csv, optionally .gz/.bz2/.zst, or .parquet.
-Columns are given by 0-based index or, with --header or Parquet, by name.
+Columns are given by 0-based index or, with --header or Parquet, by name; the config's
+edge_files section (written by `bigembed init`) gives the defaults of --header, --delimiter
+and the --*-col flags.
 Outputs are published only when complete; bad lines stop the import naming FILE:LINE unless
 --skip-bad-lines."""
 
@@ -41,14 +43,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--format", choices=FORMATS, help="input format (default: from the file extension)"
     )
-    add_column_arguments(parser, weight=True)
+    add_column_arguments(parser, weight=True, from_config=True)
     parser.add_argument(
-        "--header", action="store_true", help="text inputs start with a line of column names"
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=FROM_CONFIG,
+        help="text inputs start (or not) with a line of column names (default: the config's "
+        "edge_files.header, else no header)",
     )
     parser.add_argument(
         "--delimiter",
-        help="field separator of text inputs, one character ('\\t': a tab; default: tab "
-        "for tsv/txt, comma for csv)",
+        default=FROM_CONFIG,
+        help="field separator of text inputs, one character ('\\t': a tab; default: the "
+        "config's edge_files.delimiter, else tab for tsv/txt, comma for csv)",
     )
     parser.add_argument(
         "--entity-min-count",
@@ -80,13 +87,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    files = cfg.edge_files
     options = ImportOptions(
         inputs=list(args.inputs),
         format=args.format,
         columns=ColumnSpec(
-            lhs=args.lhs_col, rel=args.rel_col, rhs=args.rhs_col, weight=args.weight_col
+            lhs=configured(args.lhs_col, files.lhs_col),
+            rel=configured(args.rel_col, files.rel_col),
+            rhs=configured(args.rhs_col, files.rhs_col),
+            weight=args.weight_col,
         ),
-        text=TextOptions(header=args.header, delimiter=args.delimiter),
+        text=TextOptions(
+            header=configured(args.header, files.header),
+            delimiter=configured(args.delimiter, files.delimiter),
+        ),
         entity_min_count=args.entity_min_count,
         relation_type_min_count=args.relation_type_min_count,
         skip_bad_lines=args.skip_bad_lines,

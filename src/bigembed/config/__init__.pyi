@@ -8,7 +8,15 @@ from .loading import config_to_dict, load_config, parse_config_dict
 from .overrides import apply_overrides
 from .pbg_keys import BIGEMBED_ONLY_KEYS, IGNORED_KEYS, PBG_DIFFERENCES, pbg_status
 from .schema import ConfigSchema
-from .sections import EarlyStoppingSchema, EntitySchema, RelationSchema, TuneParamSchema, TuneSchema
+from .sections import (
+    EarlyStoppingSchema,
+    EdgeFilesSchema,
+    EntitySchema,
+    RelationSchema,
+    TuneParamSchema,
+    TuneSchema,
+)
+from .starter import StarterPaths, starter_config, written_by_init
 from .to_model import model_spec, relation_list
 from .types import PRECISION_NAMES, PRECISIONS, STRATEGIES, STRATEGY_NAMES, Bytes, OneOf
 
@@ -23,9 +31,11 @@ __all__ = [
     "Bytes",
     "ConfigSchema",
     "EarlyStoppingSchema",
+    "EdgeFilesSchema",
     "EntitySchema",
     "OneOf",
     "RelationSchema",
+    "StarterPaths",
     "TuneParamSchema",
     "TuneSchema",
     "add_config_arguments",
@@ -43,4 +53,6 @@ __all__ = [
     "pbg_status",
     "read_config_file",
     "relation_list",
+    "starter_config",
+    "written_by_init",
 ]

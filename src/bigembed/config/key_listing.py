@@ -19,6 +19,7 @@ from bigembed.config.schema import ConfigSchema
 from bigembed.config.sections import (
     CommunicationSchema,
     EarlyStoppingSchema,
+    EdgeFilesSchema,
     EntitySchema,
     RelationSchema,
     TuneParamSchema,
@@ -125,6 +126,7 @@ def key_infos() -> list[KeyInfo]:
             ("relations[i].", RelationSchema),
             ("communication.", CommunicationSchema),
             ("early_stopping.", EarlyStoppingSchema),
+            ("edge_files.", EdgeFilesSchema),
             ("tune.", TuneSchema),
             ("tune.params.KEY.", TuneParamSchema),
         ]

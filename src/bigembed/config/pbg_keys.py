@@ -68,6 +68,8 @@ BIGEMBED_ONLY_KEYS = (
     "entity_dropout",
     "relation_dropout",
     "kernel",
+    "edge_files",
+    *(f"edge_files.{f}" for f in ("header", "delimiter", "lhs_col", "rel_col", "rhs_col")),
 )
 
 

@@ -33,6 +33,7 @@ from bigembed.config.sections import (
     MODEL_CONFIG,
     CommunicationSchema,
     EarlyStoppingSchema,
+    EdgeFilesSchema,
     EntitySchema,
     RelationSchema,
     TuneSchema,
@@ -380,6 +381,11 @@ class ConfigSchema(BaseModel):
         "and docs/tuning.md); ignored by train.",
     )
 
+    edge_files: EdgeFilesSchema = Field(
+        default_factory=EdgeFilesSchema,
+        description="bigembed only: how `bigembed import` reads the edge list files (header, "
+        "delimiter, columns: see the edge_files.* keys); its flags override these.",
+    )
     _norm = model_validator(mode="before")(mixed_case_to_snake)
 
     @field_validator("num_gpus")

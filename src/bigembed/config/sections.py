@@ -7,9 +7,9 @@ Each is a frozen pydantic model that refuses unknown keys; the whole config,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from bigembed.config.keys import mixed_case_to_snake
@@ -210,6 +210,55 @@ class EarlyStoppingSchema(BaseModel):
         description="bigembed only: known true edges to filter with (null = edge_paths plus "
         "valid_path).",
     )
+
+
+def _column(value: Any) -> Any:
+    """A column index written as text (``-p edge_files.lhs_col=0``) is an index."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+Column = Annotated[int | str, BeforeValidator(_column)]
+
+
+class EdgeFilesSchema(BaseModel):
+    """bigembed only: how ``bigembed import`` reads the config's edge list files (its flags
+    override these); ``bigembed init`` writes them from what it saw in the file."""
+
+    model_config = MODEL_CONFIG
+
+    header: Bool = Field(
+        default=False,
+        description="bigembed only: text edge files start with a line of column names.",
+    )
+    delimiter: str | None = Field(
+        default=None,
+        description="bigembed only: field separator of text edge files (null = tab for "
+        ".tsv/.txt, comma for .csv).",
+    )
+    lhs_col: Column = Field(
+        default=0,
+        description="bigembed only: head column: index from 0 or (header or Parquet) name.",
+    )
+    rel_col: Column | None = Field(
+        default=1,
+        description="bigembed only: relation column: index, name, or null when there is none "
+        "(every edge has the config's single relation).",
+    )
+    rhs_col: Column = Field(
+        default=2,
+        description="bigembed only: tail column: index from 0 or (header or Parquet) name.",
+    )
+
+    @field_validator("lhs_col", "rel_col", "rhs_col")
+    @classmethod
+    def _index_not_negative(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 0:
+            raise PydanticCustomError(
+                "negative_column", "a column index counts from 0 (null: no relation column)"
+            )
+        return value
 
 
 class TuneParamSchema(BaseModel):

@@ -7,6 +7,7 @@ from .inputs import (
     TextOptions,
     detect_format,
 )
+from .inspection import EdgeFileShape, delimiter_name, inspect_edge_file
 from .locate import first_wrong_width, header_suspicion, lines_of_rows, location
 from .names import EdgeNameFile, NameBatch, NameFileOptions
 from .splitting import PARTS, SplitOptions, SplitSummary, split_edges
@@ -38,6 +39,7 @@ __all__ = [
     "BadColumnCount",
     "Batch",
     "ColumnSpec",
+    "EdgeFileShape",
     "EdgeNameFile",
     "InputFile",
     "NameBatch",
@@ -50,11 +52,13 @@ __all__ = [
     "check_names",
     "check_weights",
     "combine",
+    "delimiter_name",
     "detect_format",
     "first_problem",
     "first_wrong_width",
     "has_nul",
     "header_suspicion",
+    "inspect_edge_file",
     "lines_of_rows",
     "location",
     "split_edges",
