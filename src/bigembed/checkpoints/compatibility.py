@@ -96,10 +96,12 @@ class ModelMismatchError(CheckpointError):
         return ModelMismatchError(self.path, self.changes, remedy, self.what)
 
 
-def resume_remedy(path: str) -> str:
+def resume_remedy(path: str, *, distributed: bool = False) -> str:
+    """The ways out of a mismatch (``bigembed train --fresh`` is for one machine only)."""
+    fresh = "" if distributed else f", or pass --fresh to start over in {path} (deleting it)"
     return (
-        f"to train this config, set another checkpoint_path, or pass --fresh to start over in "
-        f"{path} (its checkpoint is deleted); to keep training it, change the values back"
+        f"to train this config, set another checkpoint_path{fresh}; to keep training the "
+        "checkpoint, change the values back"
     )
 
 
@@ -202,7 +204,7 @@ def check_checkpoint_fits(cfg: ConfigSchema) -> None:
             raise ModelMismatchError(
                 cfg.checkpoint_path,
                 changes,
-                resume_remedy(cfg.checkpoint_path),
+                resume_remedy(cfg.checkpoint_path, distributed=cfg.num_machines > 1),
                 "holds a model trained with other model-shaping values (checkpoint -> config):",
             )
         changed = training_changes(recorded, current)
