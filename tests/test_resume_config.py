@@ -272,3 +272,13 @@ def test_demo_rerun_with_another_dimension(tmp_path: Path, capsys, monkeypatch) 
     assert cli_main([*argv, "--dimension", "8"]) == 2
     line = _error_line(capsys, "demo")
     assert "dimension 4 -> 8" in line and "--fresh" in line and "--workdir" in line
+
+
+def test_fresh_is_refused_for_a_distributed_run(tmp_path: Path, capsys) -> None:
+    cfg, config = _user_item_checkpoint(tmp_path)
+    before = _listing(Path(cfg.checkpoint_path))
+    argv = ["train", str(config), "--fresh", "-p", "num_machines=2"]
+    argv += ["-p", "distributed_init_method=tcp://127.0.0.1:9"]
+    assert cli_main(argv) == 2
+    assert "--fresh: single machine only" in _error_line(capsys)
+    assert _listing(Path(cfg.checkpoint_path)) == before
