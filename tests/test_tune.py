@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bigembed.checkpoints import CheckpointStore
 from bigembed.cli import main as cli_main
 from bigembed.config import load_config
 from support.graphs import tiny_kg_config_file
@@ -46,6 +47,10 @@ def _results(out_dir: Path) -> list[dict[str, str]]:
 def test_tune_runs_trials_writes_best_config_and_resumes(tmp_path, capsys) -> None:
     config = _setup(tmp_path)
     out_dir = tmp_path / "tune"
+    # the user's own checkpoint_path already holds a model of another shape (issue 26)
+    argv = ["train", str(config), "--no-progress", "-p", "dimension=16", "-p", "num_epochs=1"]
+    assert _run(capsys, *argv)[0] == 0
+    own = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir() if p.is_file()}
     code, out, err = _run(capsys, "tune", str(config), "-o", str(out_dir), "--n-trials", "2")
     assert code == 0, err
     assert "trial 0 (1/2): dimension=" in out and "validation after epoch 1" in out
@@ -56,11 +61,13 @@ def test_tune_runs_trials_writes_best_config_and_resumes(tmp_path, capsys) -> No
     assert all(r["state"] in ("complete", "pruned") for r in rows)
     complete = [r for r in rows if r["state"] == "complete"]
     best_row = max(complete, key=lambda r: float(r["mrr"]))
-    # the best config: the best trial's values, the user's checkpoint path, ready to train
+    # the best config: the best trial's values and its checkpoint, ready to train
     best = load_config(out_dir / "best_config.yaml")
     assert best.lr == pytest.approx(float(best_row["lr"]))
     assert best.dimension == int(best_row["dimension"])
-    assert best.checkpoint_path == str(tmp_path / "model") and best.tune is None
+    trial_model = out_dir / f"trial_{best_row['trial']}" / "model"
+    assert best.checkpoint_path == str(trial_model) and best.tune is None
+    assert f"its model is {trial_model}" in out and f"bigembed train {out_dir}" in out
     assert best.early_stopping is not None
     assert (out_dir / f"trial_{best_row['trial']}" / "model" / "best" / "best.json").exists()
     # resumed: the two finished trials are kept, one more runs
@@ -69,11 +76,17 @@ def test_tune_runs_trials_writes_best_config_and_resumes(tmp_path, capsys) -> No
     assert "3 trial(s) (1 run now)" in out
     assert "edge/s" not in err
     assert [r["trial"] for r in _results(out_dir)] == ["0", "1", "2"]
-    # and the best config trains
-    code, out, err = _run(
-        capsys, "train", str(out_dir / "best_config.yaml"), "--no-progress", "-p", "num_epochs=1"
-    )
+    # and `bigembed train` on the best config reuses exactly the model the study found (the
+    # user's own checkpoint_path, which may hold a model of another shape, is not touched)
+    best = load_config(out_dir / "best_config.yaml")
+    store = CheckpointStore(best.checkpoint_path)
+    version, files = store.committed_version(), sorted(p.name for p in store.path.iterdir())
+    code, out, err = _run(capsys, "train", str(out_dir / "best_config.yaml"), "--no-progress")
     assert code == 0, err
+    assert out.startswith("Nothing to do:") and "error" not in err
+    assert store.committed_version() == version
+    assert sorted(p.name for p in store.path.iterdir()) == files
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir() if p.is_file()} == own
 
 
 def test_bad_trials_are_pruned_and_interrupted_ones_rerun(tmp_path, capsys) -> None:

@@ -10,7 +10,10 @@ and the distributed trainer alike.
   validation records) and :mod:`~bigembed.checkpoints.snapshots` (``epoch_N/``, ``best/``);
 * :mod:`~bigembed.checkpoints.reading`: a trained model read back for inference, and the entity
   store that goes with it;
-* :mod:`~bigembed.checkpoints.tables`: its embedding tables, one partition at a time, cached.
+* :mod:`~bigembed.checkpoints.tables`: its embedding tables, one partition at a time, cached;
+* :mod:`~bigembed.checkpoints.compatibility`: whether a checkpoint fits the config about to
+  resume it (model-shaping keys compared first), :mod:`~bigembed.checkpoints.start_over`:
+  ``train --fresh``.
 """
 
 import lazy_loader

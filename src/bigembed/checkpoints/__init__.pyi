@@ -1,7 +1,9 @@
+from .compatibility import ModelMismatchError, check_checkpoint_fits, state_mismatch
 from .inference import DEFAULT_CACHE_BYTES, open_for_inference
 from .layout import VERSION_FILE
 from .metadata import CheckpointMetadata, IterationPosition, check_same_import
 from .reading import TrainedModel, checkpoint_dir, load_trained, open_entity_store
+from .start_over import start_over
 from .store import CheckpointStore
 from .tables import EntityTables
 
@@ -12,10 +14,14 @@ __all__ = [
     "CheckpointStore",
     "EntityTables",
     "IterationPosition",
+    "ModelMismatchError",
     "TrainedModel",
+    "check_checkpoint_fits",
     "check_same_import",
     "checkpoint_dir",
     "load_trained",
     "open_entity_store",
     "open_for_inference",
+    "start_over",
+    "state_mismatch",
 ]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bigembed.checkpoints.compatibility import state_mismatch
 from bigembed.checkpoints.layout import BEST_DIR, BEST_FILE, npy_header
 from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, check_same_import
 from bigembed.checkpoints.store import CheckpointStore
@@ -174,12 +175,10 @@ def _load_trained(store: CheckpointStore) -> TrainedModel:
         skeleton = ScoringModel(spec)
     _check_shapes(skeleton, payload["model"], meta_path, store.model_path(version))
     model = ScoringModel(spec)
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{store.model_path(version)}: does not fit its config: {exc}"
-        ) from None
+    mismatch = state_mismatch(model, payload["model"])
+    if mismatch is not None:
+        raise CheckpointError(f"{store.model_path(version)}: does not fit its config: {mismatch}")
+    model.load_state_dict(payload["model"])
     model.eval()
     return TrainedModel(store.path, version, config, model, meta)
 

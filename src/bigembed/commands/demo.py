@@ -47,6 +47,7 @@ def _overrides(args: argparse.Namespace, work: Path, edge_paths: list[Path]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    from bigembed.checkpoints import ModelMismatchError
     from bigembed.config import load_config
     from bigembed.importing import ImportOptions, run_import
     from bigembed.train import train
@@ -80,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
         f"   dimension {cfg.dimension}, {cfg.num_epochs} epochs, {cfg.num_uniform_negs} uniform "
         f"negatives, {cfg.resolved_workers()} Hogwild workers; checkpoint {cfg.checkpoint_path}"
     )
-    result = train(cfg, progress=progress, report=lambda line: tqdm.write(f"   {line}"))
+    try:
+        result = train(cfg, progress=progress, report=lambda line: tqdm.write(f"   {line}"))
+    except ModelMismatchError as exc:
+        raise exc.with_remedy(
+            f"run the demo with --fresh to start over in {work} (deletes it), or give another "
+            "--workdir; or repeat the options of the run that trained it"
+        ) from None
     if result.steps_run:
         print(
             f"   trained {result.steps_run} epoch(s) in {result.seconds:.1f}s "

@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
+from bigembed.errors import ConfigError
 
 if TYPE_CHECKING:
     from bigembed.train import TrainResult
@@ -17,11 +18,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train embeddings (resumes from the last complete checkpoint by itself)",
         description="Train embeddings as CONFIG says. If checkpoint_path holds a checkpoint, "
-        "training resumes after its last complete (epoch, edge set, chunk) step.",
+        "training resumes after its last complete (epoch, edge set, chunk) step; its model must "
+        "have the config's shape (dimension, entity types and partitions, relations and their "
+        "operators, comparator...: one line names any difference), other changed keys (lr, "
+        "negatives, epochs...) are logged and used.",
     )
     add_config_arguments(p)
     p.add_argument("--rank", type=int, default=0, help="this machine's rank in distributed mode")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: delete the checkpoint in checkpoint_path first (only a checkpoint "
+        "bigembed provably wrote, and only its own files) instead of resuming it",
+    )
     from bigembed.distributed import add_security_arguments
 
     add_security_arguments(p)  # distributed mode: shared secret, bind address
@@ -35,6 +45,16 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     progress = not args.no_progress
+    if args.fresh:
+        if cfg.num_machines > 1:
+            raise ConfigError(
+                "--fresh: single machine only (every rank would delete the shared checkpoint); "
+                "start a distributed run in a new checkpoint_path"
+            )
+        from bigembed.checkpoints import start_over
+
+        if start_over(cfg.checkpoint_path):
+            print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
     if cfg.num_machines > 1:
         from bigembed.distributed import apply_security_arguments, train_distributed
 

@@ -13,7 +13,8 @@ sampled values (its checkpoint in DIR/trial_N/model), is evaluated on early_stop
 every early_stopping.every epochs, and is pruned when it falls below the median of earlier
 trials. The study is kept in DIR/study.db: run the same command again to resume it (or, with
 --n-trials, to extend it). At the end: a table of the trials, DIR/results.tsv and
-DIR/best_config.yaml (the best trial's config, ready for `bigembed train`)."""
+DIR/best_config.yaml (the best trial's config, ready for `bigembed train`; its checkpoint_path
+is the best trial's checkpoint, so training it reuses or continues the model tune found)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(best_path, header + yaml.safe_dump(result.best_config, sort_keys=False))
     print(
         f"Best: trial {result.best.number} ({result.metric} {result.best.value:.4f}); its model "
-        f"is {result.best.checkpoint} (--version best). Config: {best_path}"
+        f"is {result.best.checkpoint} (--version best). Config: {best_path} (its checkpoint_path "
+        f"is that model: `bigembed train {best_path}` reuses it, more epochs continue it)"
     )
     return 0

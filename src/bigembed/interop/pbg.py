@@ -35,6 +35,7 @@ from bigembed.checkpoints import (
     CheckpointStore,
     IterationPosition,
     open_for_inference,
+    state_mismatch,
 )
 from bigembed.config import BIGEMBED_ONLY_KEYS as CONFIG_ONLY_KEYS
 from bigembed.config import ConfigSchema, config_to_dict, model_spec, parse_config_dict
@@ -264,12 +265,10 @@ def from_pbg(
                 except ValueError as exc:
                     raise CheckpointError(f"{model_path}: {exc}") from None
                 state[key] = torch.from_numpy(np.array(obj[...], dtype=np.float32))
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{model_path}: parameters do not fit the config: {' '.join(str(exc).split())}"
-        ) from None
+    mismatch = state_mismatch(model, state)
+    if mismatch is not None:
+        raise CheckpointError(f"{model_path}: parameters do not fit the config: {mismatch}")
+    model.load_state_dict(state, strict=True)
 
     embeddings: dict[PartitionKey, np.ndarray] = {}
     for (etype, part), count in counts.items():

@@ -12,7 +12,10 @@ stopping ends it). A trial's value is its best validation metric (the version ke
 The study lives in ``OUTPUT/study.db`` (SQLite), so an interrupted search resumes where it was:
 finished trials are kept, a trial that was running when the process died is marked failed and
 its parameters are tried again. At the end :class:`TuneResult` has the table of trials and the
-best config, which the command writes to ``OUTPUT/best_config.yaml``.
+best config, which the command writes to ``OUTPUT/best_config.yaml``: the best trial's config,
+its ``checkpoint_path`` that trial's checkpoint (``OUTPUT/trial_N/model``, kept), so that
+``bigembed train best_config.yaml`` reuses the model the study found instead of resuming (or
+being refused by) whatever the user's own ``checkpoint_path`` holds.
 """
 
 from __future__ import annotations
@@ -320,7 +323,8 @@ class Tuner:
         best = max(complete, key=lambda r: r.value or 0.0) if complete else None
         best_config = None
         if best is not None:
+            # the best trial's own config, its checkpoint included: training it reuses (or,
+            # with more epochs, continues) exactly the model the study found
             best_config = config_to_dict(self.trial_config(best.number, best.params))
-            best_config["checkpoint_path"] = self.cfg.checkpoint_path
             best_config["tune"] = None
         return TuneResult(self.metric, rows, best, best_config, ran, list(self.tune.params))

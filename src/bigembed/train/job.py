@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bigembed.checkpoints import check_checkpoint_fits, state_mismatch
 from bigembed.config import ConfigSchema, model_spec, relation_list
 from bigembed.errors import CheckpointError, ConfigError
 from bigembed.model import ScoringModel
@@ -70,6 +71,7 @@ class TrainingJob:
     """The config and the imported graph it trains on, checked against each other."""
 
     def __init__(self, cfg: ConfigSchema) -> None:
+        check_checkpoint_fits(cfg)  # first: a checkpoint of another model is refused in one line
         self.cfg = cfg
         self.entities = EntityStore(cfg.entity_path)
         self.edge_stores = [EdgeStore(p) for p in cfg.edge_paths]
@@ -146,12 +148,10 @@ class ModelState:
 
     def restore(self, payload: dict[str, Any], source: object) -> None:
         """Load a checkpoint's payload; ``"optimizer": None`` keeps the Adagrad state at zero."""
-        try:
-            self.model.load_state_dict(payload["model"])
-        except RuntimeError as exc:
-            raise CheckpointError(
-                f"{source}: model parameters do not fit this config: {exc}"
-            ) from None
+        mismatch = state_mismatch(self.model, payload["model"])
+        if mismatch is not None:
+            raise CheckpointError(f"{source}: model parameters do not fit this config: {mismatch}")
+        self.model.load_state_dict(payload["model"])
         if payload.get("optimizer"):
             for state, saved in zip(self.adagrad, payload["optimizer"], strict=True):
                 state.copy_(saved)
