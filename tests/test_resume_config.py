@@ -272,6 +272,22 @@ def test_demo_rerun_with_another_dimension(tmp_path: Path, capsys, monkeypatch) 
     assert cli_main([*argv, "--dimension", "8"]) == 2
     line = _error_line(capsys, "demo")
     assert "dimension 4 -> 8" in line and "--fresh" in line and "--workdir" in line
+    # --fresh starts the demo's own outputs over and nothing else in the work directory
+    (work / "notes.txt").write_text("mine")
+    (work / "model" / "mine.txt").write_text("mine too")
+    assert cli_main([*argv, "--dimension", "8", "--fresh"]) == 0
+    assert (work / "notes.txt").read_text() == "mine"
+    assert (work / "model" / "mine.txt").read_text() == "mine too"
+    assert CheckpointStore(work / "model").read_metadata().config["dimension"] == 8
+    # a work directory that is not the demo's: nothing in it is deleted
+    other = tmp_path / "other"
+    (other / "model").mkdir(parents=True)
+    (other / "model" / "thesis.tex").write_text("years of work")
+    (other / "thesis.pdf").write_text("years of work")
+    other_argv = ["demo", "--workdir", str(other), "--fresh", *argv[3:], "--dimension", "4"]
+    assert cli_main(other_argv) == 0
+    assert (other / "thesis.pdf").read_text() == "years of work"
+    assert (other / "model" / "thesis.tex").read_text() == "years of work"
 
 
 def test_fresh_is_refused_for_a_distributed_run(tmp_path: Path, capsys) -> None:

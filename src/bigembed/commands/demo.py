@@ -2,13 +2,14 @@
 
 Every stage runs the same code as the corresponding command (`import`, `train`, `eval`), so the
 demo is also a smoke test of a real installation. Re-running it reuses what is already there
-(the import and a finished checkpoint); ``--fresh`` starts over.
+(the import and a finished checkpoint); ``--fresh`` starts over: it imports again (replacing
+only the demo's own stores) and starts the checkpoint over (deleting only what bigembed
+provably wrote there), never the rest of the work directory.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
@@ -28,7 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=None, help="override num_epochs")
     p.add_argument("--dimension", type=int, default=None, help="override dimension")
     p.add_argument("--workers", type=int, default=None, help="override workers")
-    p.add_argument("--fresh", action="store_true", help="delete the work directory first")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="import and train again (replaces the demo's own stores and checkpoint, nothing else)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -47,14 +52,14 @@ def _overrides(args: argparse.Namespace, work: Path, edge_paths: list[Path]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from bigembed.checkpoints import ModelMismatchError
+    from bigembed.checkpoints import ModelMismatchError, start_over
     from bigembed.config import load_config
     from bigembed.importing import ImportOptions, run_import
     from bigembed.train import train
 
     work = Path(args.workdir).resolve()
-    if args.fresh and work.exists():
-        shutil.rmtree(work)
+    if args.fresh and (work / "model").exists():
+        start_over(work / "model")  # refuses a directory it cannot prove is a checkpoint
     work.mkdir(parents=True, exist_ok=True)
     files = fb15k237_files()
     config_path = fb15k237_demo_config()
@@ -64,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"== 1/3 Import FB15k-237 (bundled) into {work}")
     import_cfg = load_config(config_path, _overrides(args, work, splits))
-    if (work / "entities" / "manifest.json").exists() and all(
-        (p / "manifest.json").exists() for p in splits
+    if (
+        not args.fresh
+        and (work / "entities" / "manifest.json").exists()
+        and all((p / "manifest.json").exists() for p in splits)
     ):
         print("   already imported; reusing it (use --fresh to start over)")
     else:
@@ -85,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         result = train(cfg, progress=progress, report=lambda line: tqdm.write(f"   {line}"))
     except ModelMismatchError as exc:
         raise exc.with_remedy(
-            f"run the demo with --fresh to start over in {work} (deletes it), or give another "
+            f"run the demo with --fresh to start over in {work} (replaces its model), or give "
+            "another "
             "--workdir; or repeat the options of the run that trained it"
         ) from None
     if result.steps_run:
