@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
 
 if TYPE_CHECKING:
     from bigembed.train import TrainResult
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,15 +34,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bigembed.config import held_out_warnings
     from bigembed.selection import train_model
 
     cfg = config_from_args(args)
     progress = not args.no_progress
+    if args.rank == 0:  # once per run
+        for line in held_out_warnings(cfg):
+            logger.warning("%s", line)
     if cfg.num_machines > 1:
-        from bigembed.distributed import apply_security_arguments, train_distributed
+        from bigembed.distributed import apply_security_arguments
 
         apply_security_arguments(args)
-        result = train_distributed(cfg, rank=args.rank, progress=progress, report=tqdm.write)
+        result = train_model(cfg, rank=args.rank, progress=progress, report=tqdm.write)
         if args.rank == 0:
             _print_summary(cfg, result, trainers=cfg.num_machines)
         return 0

@@ -1,6 +1,7 @@
 from .checks import config_warnings
 from .cli_args import add_config_arguments, config_from_args
 from .files import read_config_file
+from .held_out import held_out_warnings
 from .key_listing import config_keys, format_config_keys
 from .keys import normalize_keys
 from .loading import config_to_dict, load_config, parse_config_dict
@@ -34,6 +35,7 @@ __all__ = [
     "config_to_dict",
     "config_warnings",
     "format_config_keys",
+    "held_out_warnings",
     "load_config",
     "model_spec",
     "normalize_keys",
