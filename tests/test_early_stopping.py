@@ -128,7 +128,7 @@ def test_refusals(tmp_path, capsys) -> None:
         "-p",
         "distributed_init_method=tcp://127.0.0.1:1",
     )
-    assert code == 2 and "early_stopping: not supported in distributed mode" in err
+    assert code == 0, err  # distributed early stopping: tests/test_dist_summaries.py
 
 
 def test_a_gain_resets_the_count(tmp_path, capsys, monkeypatch) -> None:
@@ -150,3 +150,15 @@ def test_a_gain_resets_the_count(tmp_path, capsys, monkeypatch) -> None:
     assert [r["without_gain"] for r in records] == [0, 1, 0, 1, 2]
     assert [r["best_version"] for r in records] == [1, 1, 3, 3, 3]
     assert json.loads((tmp_path / "model" / "best" / "best.json").read_text())["version"] == 3
+
+
+def test_one_machine_callers_refuse_a_distributed_config(tmp_path) -> None:
+    """A tune trial (observers, on_evaluation) cannot be a rank of a distributed run."""
+    from bigembed.config import load_config
+    from bigembed.errors import ConfigError
+    from bigembed.selection import train_model
+
+    config = _setup(tmp_path)
+    cfg = load_config(config, ["num_machines=2", "distributed_init_method=tcp://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match="num_machines: 2: only bigembed train --rank R"):
+        train_model(cfg, on_evaluation=lambda evaluation: None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
@@ -11,6 +12,8 @@ from bigembed.errors import ConfigError
 
 if TYPE_CHECKING:
     from bigembed.train import TrainResult
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bigembed.config import held_out_warnings
     from bigembed.selection import train_model
 
     cfg = config_from_args(args)
@@ -55,11 +59,14 @@ def run(args: argparse.Namespace) -> int:
 
         if start_over(cfg.checkpoint_path):
             print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
+    if args.rank == 0:  # once per run
+        for line in held_out_warnings(cfg):
+            logger.warning("%s", line)
     if cfg.num_machines > 1:
-        from bigembed.distributed import apply_security_arguments, train_distributed
+        from bigembed.distributed import apply_security_arguments
 
         apply_security_arguments(args)
-        result = train_distributed(cfg, rank=args.rank, progress=progress, report=tqdm.write)
+        result = train_model(cfg, rank=args.rank, progress=progress, report=tqdm.write)
         if args.rank == 0:
             _print_summary(cfg, result, trainers=cfg.num_machines)
         return 0

@@ -103,13 +103,8 @@ def negatives_left(cfg: ConfigSchema) -> list[str]:
 
 
 def distributed_settings(cfg: ConfigSchema) -> list[str]:
-    """Several machines: an init method, and no early stopping (one machine only)."""
+    """Several machines: an init method; data-parallel replicas without partition servers."""
     problems: list[str] = []
-    if cfg.early_stopping is not None and cfg.num_machines > 1:
-        problems.append(
-            "early_stopping: not supported in distributed mode (num_machines > 1) yet; train "
-            "on one machine or evaluate the checkpoints with bigembed eval"
-        )
     if cfg.num_machines > 1 and not cfg.distributed_init_method:
         problems.append(
             "distributed_init_method: required when num_machines > 1 "

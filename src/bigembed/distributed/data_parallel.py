@@ -37,7 +37,12 @@ from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.replica_sync import ReplicaSync
-from bigembed.distributed.shared_checkpoint import collect_step_logs, publish_step_log
+from bigembed.distributed.shared_checkpoint import (
+    collect_step_logs,
+    publish_step_log,
+    share_merged_step,
+)
+from bigembed.distributed.shared_stop import SharedStop
 from bigembed.kernels import Table
 from bigembed.output_paths import StagingClaim, claim_staging, remove_dead_staging
 from bigembed.train import (
@@ -46,6 +51,7 @@ from bigembed.train import (
     PartitionStore,
     ReplicaShare,
     StepLog,
+    StepRecord,
     Trainer,
     TrainingLoop,
     TrainResult,
@@ -81,7 +87,7 @@ class ReplicaCheckpoints:
             self.store.save_model(it.version, self.state.payload())
             self.store.write_metadata(checkpoint_metadata(self.job, it))
 
-    def commit_step(self, it: Iteration, log: StepLog) -> None:
+    def commit_step(self, it: Iteration, log: StepLog) -> StepRecord:
         ctx = self.ctx
         assert ctx.store is not None
         version = it.version
@@ -90,6 +96,7 @@ class ReplicaCheckpoints:
         self._reported = net
         publish_step_log(ctx, version, log)
         ctx.barrier(f"v{version}/written")
+        merged_step: StepRecord | None = None
         if ctx.rank == 0:
             merged = collect_step_logs(ctx, version)
             commit_with_stats(self.job, self.store, it, merged)
@@ -105,9 +112,11 @@ class ReplicaCheckpoints:
                 (step.net_bytes or 0) / 1e6,
                 step.gate_wait_seconds or 0.0,
             )
+            merged_step = share_merged_step(ctx, version, step)
         else:
             self.store.commit(version)  # the scratch keeps one version
         ctx.barrier(f"v{version}/committed")
+        return merged_step or share_merged_step(ctx, version, None)
 
 
 class DataParallelTrainer:
@@ -123,6 +132,9 @@ class DataParallelTrainer:
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx
+        #: rank 0's verdicts on ending the run early (set before train() when the config
+        #: has early_stopping), followed by every trainer
+        self.stop: SharedStop | None = None
         self.rank = ctx.rank
         self.local = Trainer(cfg, progress=progress, report=report)
         self.job = self.local.job
@@ -150,6 +162,9 @@ class DataParallelTrainer:
     def train(self) -> TrainResult:
         cfg, job, ctx = self.cfg, self.job, self.ctx
         store, committed = self._open()
+        stopped = self.stop.at_start(committed) if self.stop is not None else None
+        if stopped is not None:
+            return TrainResult(version=committed, steps_run=0, stopped=stopped)
         if committed >= job.num_steps:
             if self.rank == 0:
                 logger.info("training already complete (%d steps) in %s", job.num_steps, store.path)
@@ -171,7 +186,8 @@ class DataParallelTrainer:
             buckets=self.local.bucket_source,
             partitions=partitions,
             checkpoints=checkpoints,
-            observers=[sync, *self.local.observers],
+            # the stop last: a step's summary line comes before the verdict after it
+            observers=[sync, *self.local.observers, *([self.stop] if self.stop else [])],
             gate=sync.gate,
             share=ReplicaShare(job, ctx.layout.trainers.index(self.rank), ctx.layout.num_trainers),
         )

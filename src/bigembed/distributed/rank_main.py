@@ -23,6 +23,7 @@ from typing import TypeVar
 from bigembed.config import ConfigSchema
 from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
+from bigembed.distributed.shared_stop import RankZeroStop
 from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import BigembedError, PeerError
 from bigembed.train import TrainResult
@@ -74,12 +75,19 @@ def train_distributed(
     rank: int,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
+    stop_rule: Callable[[int], RankZeroStop] | None = None,
 ) -> TrainResult:
-    """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed.
+    """Run trainer ``rank`` of a ``num_machines``-trainer run until the last step is committed
+    (or a stop rule ends it).
 
-    ``report`` receives rank 0's per-step summary lines (the command prints them).
+    ``report`` receives rank 0's per-step summary lines (the command prints them), with every
+    trainer's figures merged. ``stop_rule``: builds rank 0's rule that may end the run after a
+    step, from the run's steps per epoch (early stopping: required on rank 0 when the config
+    has ``early_stopping``, ignored on the others); every trainer follows its verdicts
+    (:mod:`bigembed.distributed.shared_stop`).
     """
     from bigembed.distributed.data_parallel import DataParallelTrainer
+    from bigembed.distributed.shared_stop import SharedStop
     from bigembed.distributed.trainer import DistributedTrainer
 
     RankLayout.of(cfg).check_trainer_rank(rank)
@@ -103,6 +111,11 @@ def train_distributed(
         trainer = mode(
             cfg, ctx, progress=progress and rank == 0, report=report if rank == 0 else None
         )
+        if cfg.early_stopping is not None:
+            assert rank != 0 or stop_rule is not None, "early_stopping needs rank 0's rule"
+            steps_per_epoch = len(cfg.edge_paths) * trainer.job.num_chunks
+            rule = stop_rule(steps_per_epoch) if stop_rule is not None and rank == 0 else None
+            trainer.stop = SharedStop(ctx, rule)
         result = trainer.train()
         trainer.shutdown()
         return result

@@ -36,6 +36,7 @@ from bigembed.train import (
     ModelState,
     PartitionStore,
     StepLog,
+    StepRecord,
     TrainingJob,
     checkpoint_metadata,
     commit_with_stats,
@@ -94,6 +95,24 @@ def collect_step_logs(ctx: DistContext, version: int) -> StepLog:
         parts.append(StepLog.from_json(json.loads(signed_value(ctx, f"stats/{version}/{r}"))))
         ctx.store.delete_key(f"stats/{version}/{r}")
     return merge_step_logs(parts)
+
+
+def share_merged_step(ctx: DistContext, version: int, step: StepRecord | None) -> StepRecord:
+    """Every trainer's copy of step ``version``'s merged record, so that every rank's summary
+    and result show the run's figures, not its own share (a trainer that got no bucket would
+    report zeros). Rank 0 passes the record it merged and publishes it before the step's
+    ``committed`` barrier; the others pass None and read it after that barrier. Rank 0 removes
+    the previous step's record, which every trainer has read by then (they passed this step's
+    ``written`` barrier after reading it)."""
+    assert ctx.store is not None
+    key = f"stats/{version}/merged"
+    if ctx.rank == 0:
+        assert step is not None
+        publish_signed(ctx.store, ctx.session, key, json.dumps(step.to_json()))
+        if version > 1:
+            ctx.store.delete_key(f"stats/{version - 1}/merged")
+        return step
+    return StepRecord.from_json(json.loads(signed_value(ctx, key)))
 
 
 def open_shared_checkpoint(ctx: DistContext, checkpoint: CheckpointStore) -> int:
@@ -232,7 +251,7 @@ class CooperativeCheckpoints:
             table = store.read(key)  # never touched yet: materialise its initial value
             ck.save_partition(etype, part, version, table.emb, table.state)
 
-    def commit_step(self, it: Iteration, log: StepLog) -> None:
+    def commit_step(self, it: Iteration, log: StepLog) -> StepRecord:
         ctx, ck = self.ctx, self.checkpoint
         assert ctx.store is not None and self.partitions is not None
         version = it.version
@@ -244,6 +263,7 @@ class CooperativeCheckpoints:
         if self.relay is not None:
             self.relay.publish(version)
         ctx.barrier(f"v{version}/written")
+        merged_step: StepRecord | None = None
         if ctx.rank == 0:
             if self.relay is not None:
                 self.relay.collect(version)
@@ -267,4 +287,6 @@ class CooperativeCheckpoints:
                 step.edges_per_sec,
                 (step.net_bytes or 0) / 1e6,
             )
+            merged_step = share_merged_step(ctx, version, step)
         ctx.barrier(f"v{version}/committed")
+        return merged_step or share_merged_step(ctx, version, None)

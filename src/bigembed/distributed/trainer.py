@@ -52,6 +52,7 @@ from bigembed.distributed.no_shared_disk import (
 from bigembed.distributed.parameter_sync import SharedParameterSync
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
 from bigembed.distributed.shared_checkpoint import CooperativeCheckpoints, open_checkpoint
+from bigembed.distributed.shared_stop import SharedStop
 from bigembed.train import (
     ModelState,
     PartitionStore,
@@ -84,6 +85,9 @@ class DistributedTrainer:
     ) -> None:
         assert ctx.store is not None
         self.cfg = cfg
+        #: rank 0's verdicts on ending the run early (set before train() when the config
+        #: has early_stopping), followed by every trainer
+        self.stop: SharedStop | None = None
         self.ctx = ctx
         self.rank = ctx.rank
         self.layout = ctx.layout
@@ -134,6 +138,9 @@ class DistributedTrainer:
         cfg, job, ctx = self.cfg, self.job, self.ctx
         access = open_checkpoint(ctx, self.checkpoint)
         committed = access.committed
+        stopped = self.stop.at_start(committed) if self.stop is not None else None
+        if stopped is not None:
+            return TrainResult(version=committed, steps_run=0, stopped=stopped)
         if committed >= job.num_steps:
             logger.info(
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
@@ -214,7 +221,8 @@ class DistributedTrainer:
             buckets=source,
             partitions=partitions,
             checkpoints=checkpoints,
-            observers=[*self.observers, self.sync],
+            # the stop last: a step's summary line comes before the verdict after it
+            observers=[*self.observers, self.sync, *([self.stop] if self.stop else [])],
             gate=self.sync.strategy.gate,
         )
         return loop.run(committed)

@@ -23,7 +23,7 @@ from typing import Any
 
 from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema, EarlyStoppingSchema
-from bigembed.errors import InputError
+from bigembed.errors import ConfigError, InputError
 from bigembed.train import (
     Observer,
     StepRecord,
@@ -142,6 +142,18 @@ class EarlyStopping(Observer):
         if self.due(record.at.version):
             self.evaluate(record.at.version)
 
+    def start(self, committed: int) -> str | None:
+        """Before training resumes after version ``committed``: rebuild the counters, evaluate
+        ``committed`` if a killed run did not get to it; returns why the run is over already
+        (a stopped run stays stopped), or None to train."""
+        check_valid_path(self.cfg)
+        self.restore(committed)
+        try:
+            self.catch_up(committed)
+        except StopTraining as stop:
+            return str(stop)
+        return self.stopped
+
     def catch_up(self, committed: int) -> None:
         """Evaluate ``committed`` if it is due and a killed run did not get to it."""
         if self.due(committed) and committed not in self.evaluated and self.stopped is None:
@@ -207,6 +219,15 @@ class EarlyStopping(Observer):
         return evaluation
 
 
+def check_valid_path(cfg: ConfigSchema) -> None:
+    """The validation edges of ``early_stopping`` exist (if the config has the section)."""
+    if cfg.early_stopping is not None and not Path(cfg.early_stopping.valid_path).exists():
+        raise InputError(
+            f"early_stopping.valid_path: {cfg.early_stopping.valid_path}: no such edge path or "
+            "file (import the validation edges, or give a file of names)"
+        )
+
+
 def train_model(
     cfg: ConfigSchema,
     *,
@@ -214,14 +235,22 @@ def train_model(
     report: Callable[[str], None] | None = None,
     observers: Sequence[TrainingObserver] = (),
     on_evaluation: OnEvaluation | None = None,
+    rank: int | None = None,
 ) -> TrainResult:
     """Train as the config says, with early stopping when it has an ``early_stopping``
-    section (otherwise exactly :func:`bigembed.train.single_machine.train`)."""
-    if cfg.early_stopping is not None and not Path(cfg.early_stopping.valid_path).exists():
-        raise InputError(
-            f"early_stopping.valid_path: {cfg.early_stopping.valid_path}: no such edge path or "
-            "file (import the validation edges, or give a file of names)"
-        )
+    section (otherwise exactly :func:`bigembed.train.single_machine.train`).
+
+    With ``num_machines > 1`` this process is trainer ``rank`` of the distributed run
+    (:func:`bigembed.distributed.train_distributed`; ``observers`` and ``on_evaluation`` are
+    for one machine only): rank 0 evaluates and decides, every trainer stops with it."""
+    if cfg.num_machines > 1:
+        if rank is None or observers or on_evaluation is not None:  # e.g. a tune trial
+            raise ConfigError(
+                f"num_machines: {cfg.num_machines}: only bigembed train --rank R (or bigembed "
+                "launch) trains on several machines; set num_machines: 1 here"
+            )
+        return _train_distributed(cfg, rank, progress, report)
+    check_valid_path(cfg)
     trainer = Trainer(cfg, progress=progress, report=report, observers=observers)
     if cfg.early_stopping is None:
         return trainer.train()
@@ -230,12 +259,21 @@ def train_model(
         cfg, steps_per_epoch, report=report, on_evaluation=on_evaluation, progress=progress
     )
     committed = CheckpointStore(cfg.checkpoint_path).committed_version()
-    stopper.restore(committed)
-    try:
-        stopper.catch_up(committed)
-    except StopTraining as stop:
-        return TrainResult(version=committed, steps_run=0, stopped=str(stop))
-    if stopper.stopped is not None:
-        return TrainResult(version=committed, steps_run=0, stopped=stopper.stopped)
+    stopped = stopper.start(committed)
+    if stopped is not None:
+        return TrainResult(version=committed, steps_run=0, stopped=stopped)
     trainer.observers.append(stopper)
     return trainer.train()
+
+
+def _train_distributed(
+    cfg: ConfigSchema, rank: int, progress: bool, report: Callable[[str], None] | None
+) -> TrainResult:
+    """Trainer ``rank`` of a distributed run; rank 0 holds the early-stopping rule (it always
+    sees the committed checkpoint), run after each commit and shared with every trainer."""
+    from bigembed.distributed import train_distributed
+
+    def rule(steps_per_epoch: int) -> EarlyStopping:
+        return EarlyStopping(cfg, steps_per_epoch, report=report, progress=progress)
+
+    return train_distributed(cfg, rank=rank, progress=progress, report=report, stop_rule=rule)

@@ -279,7 +279,9 @@ class TrainingLoop:
         if self.share is not None:
             step.mode = "data_parallel"
         observers.step_finished(step)
-        self.checkpoints.commit_step(it, StepLog(records, step))
+        # In a distributed run the committed record is every trainer's, merged: from here on
+        # (summaries, early stopping, the result) the step is the run's, not this trainer's.
+        step = self.checkpoints.commit_step(it, StepLog(records, step))
         self._last_record = step
         observers.step_committed(step)
         return step

@@ -193,7 +193,8 @@ class WithheldEdgeEval(Observer):
 
 class ProgressDisplay(Observer):
     """A tqdm bar per step (edges, loss, edges/s) if ``bars``, and one summary line per
-    committed step handed to ``report`` (if given: the command decides where it goes)."""
+    committed step handed to ``report`` (if given: the command decides where it goes). The
+    line shows the committed record: in a distributed run, every trainer's figures merged."""
 
     def __init__(
         self,
@@ -254,6 +255,8 @@ class ProgressDisplay(Observer):
             f"{self.desc}: loss {record.stats.loss:.4f}  reg {record.stats.reg:.4f}  "
             f"{record.edges_per_sec:,.0f} edges/s  {record.seconds:.1f}s"
         )
+        if record.trainers:  # a distributed step: the figures are every trainer's, merged
+            line += f"  ({record.stats.count:,} edges by {record.trainers} trainers)"
         if record.eval_before is not None and record.eval_after is not None:
             before, after = record.eval_before["mrr"], record.eval_after["mrr"]
             line += f"  withheld-edge mrr (sampled) {before:.3f} -> {after:.3f}"

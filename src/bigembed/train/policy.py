@@ -29,7 +29,7 @@ from bigembed.errors import CheckpointError
 from bigembed.train.iteration import Iteration
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.memory.partitions import PartitionSource, PartitionStore
-from bigembed.train.records import StepLog
+from bigembed.train.records import StepLog, StepRecord
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ class CheckpointPolicy(Protocol):
         """Write the state after step ``it`` (partitions, model, metadata) as ``it.version``;
         nothing is committed yet."""
 
-    def commit_step(self, it: Iteration, log: StepLog) -> None:
-        """Append the step's stats and make ``it.version`` the committed version."""
+    def commit_step(self, it: Iteration, log: StepLog) -> StepRecord:
+        """Append the step's stats and make ``it.version`` the committed version; returns the
+        step's record as committed (in a distributed run, merged over every trainer: what the
+        summaries show, on every rank)."""
 
 
 def checkpoint_metadata(job: TrainingJob, it: Iteration) -> CheckpointMetadata:
@@ -135,5 +137,6 @@ class LocalCheckpoints:
         self.checkpoint.save_model(it.version, self.state.payload())
         self.checkpoint.write_metadata(checkpoint_metadata(self.job, it))
 
-    def commit_step(self, it: Iteration, log: StepLog) -> None:
+    def commit_step(self, it: Iteration, log: StepLog) -> StepRecord:
         commit_with_stats(self.job, self.checkpoint, it, log)
+        return log.step
