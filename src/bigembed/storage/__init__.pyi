@@ -1,3 +1,4 @@
+from .dependents import DEPENDENTS_FILE, Dependent, read_dependents, record_dependent
 from .edges import (
     EdgeChunk,
     EdgeStore,
@@ -6,7 +7,13 @@ from .edges import (
     chunk_range,
     write_edge_manifest,
 )
-from .entities import EntityStore, EntityTypeInfo, write_entity_store
+from .entities import (
+    EntityStore,
+    EntityTypeInfo,
+    content_import_id,
+    is_legacy_import_id,
+    write_entity_store,
+)
 from .format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
@@ -24,6 +31,7 @@ from .format import (
 )
 
 __all__ = [
+    "DEPENDENTS_FILE",
     "DYNAMIC_REL_COUNT",
     "DYNAMIC_REL_NAMES",
     "EDGE_FORMAT",
@@ -31,6 +39,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "PUBLISHING_KEY",
+    "Dependent",
     "EdgeChunk",
     "EdgeStore",
     "EntityStore",
@@ -39,11 +48,15 @@ __all__ = [
     "check_edges_import",
     "check_edges_relations",
     "chunk_range",
+    "content_import_id",
     "entity_count_file",
     "entity_names_file",
     "has_manifest",
     "index_dtype",
+    "is_legacy_import_id",
+    "read_dependents",
     "read_manifest",
+    "record_dependent",
     "write_edge_manifest",
     "write_entity_store",
 ]
