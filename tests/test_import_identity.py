@@ -71,6 +71,23 @@ def test_the_same_entities_give_the_same_import_id(tmp_path: Path) -> None:
     assert ids[0] is not None and ids[0].startswith("content-")
 
 
+def test_the_identity_digests_names_not_their_layout_in_memory() -> None:
+    """Where one name ends and the next begins counts; slices and chunks do not."""
+    import pyarrow as pa
+
+    from bigembed.storage import content_import_id
+
+    def one(*parts: pa.Array) -> str:
+        return content_import_id({"node": list(parts)}, ["r"], False)
+
+    names = pa.array(["x", "ab", "c", "d"])
+    assert one(names.slice(1, 2)) == one(pa.array(["ab", "c"]))
+    assert one(pa.chunked_array([["ab"], ["c"]])) == one(pa.array(["ab", "c"]))
+    assert one(pa.array(["ab", "c"])) != one(pa.array(["a", "bc"]))
+    assert one(pa.array(["ab"]), pa.array(["c"])) != one(pa.array(["ab", "c"]))
+    assert content_import_id({"node": [names]}, ["r"], True) != one(names)
+
+
 def test_reimporting_the_same_data_keeps_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

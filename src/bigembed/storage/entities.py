@@ -164,6 +164,7 @@ class EntityStore:
 
 
 IDENTITY_VERSION = "content-v1"  # bump when the digested content changes
+_LENGTHS_CHUNK = 1 << 20  # names whose lengths are hashed at once
 _LEGACY_ID = re.compile(r"^[0-9a-f]{32}-[0-9a-f]{32}$")
 
 
@@ -179,12 +180,13 @@ def _feed_names(digest: Any, array: pa.Array) -> None:
         array = array.combine_chunks()
     if array.type != pa.string():
         array = array.cast(pa.string())
-    lengths = pc.fill_null(pc.binary_length(array), -1).to_numpy(zero_copy_only=False)
-    digest.update(np.ascontiguousarray(lengths, dtype="<i8").tobytes())
+    for start in range(0, len(array), _LENGTHS_CHUNK):  # bounded memory for huge partitions
+        piece = pc.fill_null(pc.binary_length(array.slice(start, _LENGTHS_CHUNK)), -1)
+        digest.update(piece.to_numpy(zero_copy_only=False).astype("<i8").tobytes())
     if len(array) == 0:
         return
-    start = array.offset
-    offsets = np.frombuffer(array.buffers()[1], dtype="<i4")[start : start + 1 + len(array)]
+    first = array.offset
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4")[first : first + 1 + len(array)]
     data = array.buffers()[2]
     if data is not None:
         digest.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
