@@ -8,6 +8,7 @@ stays usable); ``import --force`` refuses to orphan a checkpoint trained on the 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,11 @@ def test_a_changed_import_refuses_orphans_and_remap_matches_rows_by_name(
     write_tsv(tmp_path / "b.tsv", changed)
     force = ["import", "--no-progress", str(config), str(tmp_path / "b.tsv"), "--force"]
 
+    copy = tmp_path / "copy"
+    shutil.copytree(entities, copy / "entities")  # a copy claims none of the original's models
+    overrides = ["-p", f"entity_path={copy / 'entities'}", "-p", f"edge_paths={copy / 'edges'}"]
+    assert _run(capsys, *force, *overrides)[0] == 0
+
     code, _, err = _run(capsys, *force)
     line = _one_line(err)
     assert code == 2 and str(ck) in line and "--allow-orphans" in line, line
@@ -198,3 +204,30 @@ def test_a_changed_import_refuses_orphans_and_remap_matches_rows_by_name(
     code, _, err = _run(capsys, *train, "-p", f"checkpoint_path={remapped}")
     assert code == 0, err
     assert load_trained(remapped).version == 2
+
+
+def test_a_store_from_before_content_ids_keeps_working(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store and checkpoint with a random id of an older bigembed: the same data imported
+    again keeps that id (the model stays usable); other data keeps the old names for remap."""
+    config, ck = _trained(tmp_path, capsys)
+    legacy = f"{'ab' * 16}-{'cd' * 16}"
+    for path in (tmp_path / "out" / "entities", tmp_path / "out" / "edges", ck):
+        manifest = path / ("metadata.v1.json" if path == ck else "manifest.json")
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "import_id": legacy}))
+    write_tsv(tmp_path / "again.tsv", EDGES[::-1])
+    force = ["import", "--no-progress", str(config), "--force"]
+    assert _run(capsys, *force, str(tmp_path / "again.tsv"))[0] == 0
+    assert EntityStore(tmp_path / "out" / "entities").import_id == legacy
+    assert _run(capsys, "similar", str(ck), "e1")[0] == 0
+    assert _run(capsys, "eval", "--no-progress", str(config))[0] == 0  # edges: the same id
+
+    write_tsv(tmp_path / "b.tsv", [*EDGES, ("new1", "r", "e3")])
+    code, _, err = _run(capsys, *force, str(tmp_path / "b.tsv"))
+    assert code == 2 and "--allow-orphans" in _one_line(err)
+    assert _run(capsys, *force, str(tmp_path / "b.tsv"), "--allow-orphans")[0] == 0
+    code, _, err = _run(capsys, "similar", str(ck), "e1")
+    assert code == 2 and f"run `bigembed remap {ck}`" in _one_line(err)
+    code, out, err = _run(capsys, "remap", str(ck))
+    assert code == 0 and "node: 20 kept, 1 new, 0 dropped" in out, err

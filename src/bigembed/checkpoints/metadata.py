@@ -30,7 +30,7 @@ from bigembed import __version__
 from bigembed.errors import CheckpointError
 from bigembed.partition_keys import PartitionKey
 from bigembed.serialization import RECORD_CONFIG, JsonForm, NonNegativeInt, omit_none
-from bigembed.storage import is_legacy_import_id
+from bigembed.storage import is_legacy_import_id, previous_import_path
 
 FORMAT_VERSION = 1
 
@@ -49,11 +49,13 @@ def check_same_import(
     or an entity store from before import ids) cannot be checked and passes. Import ids are
     derived from the entities (re-importing the same data gives the same id), so a difference
     means the names changed: the message names ``bigembed remap``, which matches the rows to
-    the new names. A random id from before content-derived ids can never match again.
+    the new names. A random id from before content-derived ids can never match again: unless
+    ``import --force`` kept that import's names, the message says how to get them back.
     """
     if recorded is None or current is None or recorded == current:
         return
-    if is_legacy_import_id(recorded):
+    kept = (previous_import_path(entity_path, recorded) / "manifest.json").is_file()
+    if is_legacy_import_id(recorded) and not kept:
         raise CheckpointError(
             f"{checkpoint} was trained on an import of {entity_path} made before bigembed "
             "derived import ids from the data (its id is random, so no re-import matches it): "

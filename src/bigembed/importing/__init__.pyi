@@ -1,10 +1,4 @@
-from .dependents import PREVIOUS_IMPORTS, live_dependents, previous_import_path
+from .dependents import live_dependents
 from .importer import ImportOptions, run_import
 
-__all__ = [
-    "PREVIOUS_IMPORTS",
-    "ImportOptions",
-    "live_dependents",
-    "previous_import_path",
-    "run_import",
-]
+__all__ = ["ImportOptions", "live_dependents", "run_import"]

@@ -7,11 +7,15 @@ the store's. The same id means the same entity ids, and every checkpoint stays u
 id orphans the checkpoints whose committed version records the old one: the import is refused
 before anything is published, unless ``--allow-orphans``, in which case the old store's names
 are kept in ``previous_imports/{old import id}/`` inside the entity path (hard links: no copy),
-where ``bigembed remap`` finds them to match the model's rows to the new names.
+where ``bigembed remap`` finds them to match the model's rows to the new names. A store from
+before content-derived ids (a random id) keeps that id when the new import has the same
+entities (:func:`restamp`), so the checkpoints recording it stay usable; otherwise its names are
+kept whenever it is replaced, since it has no complete record of its checkpoints.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,18 +25,21 @@ from pathlib import Path
 from bigembed.atomic import DIR_MODE, fsync_dir
 from bigembed.checkpoints import CheckpointStore
 from bigembed.errors import BigembedError, OutputExistsError
-from bigembed.importing.publish import OWN_ENTITY_PATTERNS
-from bigembed.storage import EntityStore, has_manifest, read_dependents
+from bigembed.importing.publish import OWN_ENTITY_PATTERNS, Publisher
+from bigembed.storage import (
+    IMPORT_ID,
+    MANIFEST,
+    EntityStore,
+    content_import_id,
+    has_manifest,
+    is_legacy_import_id,
+    previous_import_path,
+    read_dependents,
+)
 
-PREVIOUS_IMPORTS = "previous_imports"  # in the entity path: names of replaced imports
 SHOWN = 3  # checkpoints named in a message
 
 logger = logging.getLogger(__name__)
-
-
-def previous_import_path(entity_path: str | os.PathLike[str], import_id: str) -> Path:
-    """Where ``import --force --allow-orphans`` keeps the names of the import ``import_id``."""
-    return Path(entity_path) / PREVIOUS_IMPORTS / import_id
 
 
 def live_dependents(entity_path: Path, import_id: str) -> list[Path]:
@@ -87,41 +94,67 @@ def keep_previous_names(store: EntityStore) -> Path:
     return final
 
 
-def check_replacement(entity_path: Path, new_id: str, *, allow_orphans: bool) -> None:
-    """Refuse to replace the entity store at ``entity_path`` with the import ``new_id`` when a
-    checkpoint trained on it would be orphaned (see the module docstring)."""
+def _content_id(store: EntityStore) -> str:
+    """The content-derived id of an existing store (whatever id its manifest records)."""
+    names = {
+        t: [store.names_array(t, p) for p in range(store.num_partitions(t))]
+        for t in store.entity_types
+    }
+    return content_import_id(names, store.relation_names(), store.dynamic_relations)
+
+
+def restamp(publisher: Publisher, import_id: str) -> None:
+    """Record ``import_id`` instead of the computed one in the staged manifests."""
+    assert publisher.work is not None
+    for directory in [publisher.work / "entities", *publisher.edge_staging]:
+        path = directory / MANIFEST
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data[IMPORT_ID] = import_id
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def check_replacement(entity_path: Path, new_id: str, *, allow_orphans: bool) -> str:
+    """The import id to publish over the entity store at ``entity_path`` for a new import of id
+    ``new_id``; refuses when a checkpoint trained on the store would be orphaned (see the
+    module docstring).
+
+    A store from before content-derived ids whose entities equal the new import's keeps its
+    (random) id, so the checkpoints that record it stay usable.
+    """
     if not has_manifest(entity_path):
-        return
+        return new_id
     try:
         old = EntityStore(entity_path)
     except BigembedError:
-        return  # an interrupted or damaged store: no model can use it as it is
+        return new_id  # an interrupted or damaged store: no model can use it as it is
     if old.import_id is None:
-        return
+        return new_id
     deps = live_dependents(entity_path, old.import_id)
-    if not deps:
-        return
     if old.import_id == new_id:
-        logger.info(
-            "same entities as before (import id %s): the %d checkpoint(s) trained on %s stay "
-            "usable",
-            new_id,
-            len(deps),
-            entity_path,
-        )
-        return
-    if not allow_orphans:
+        if deps:
+            logger.info(
+                "same entities as before: the %d checkpoint(s) trained on %s stay usable",
+                len(deps),
+                entity_path,
+            )
+        return new_id
+    legacy = is_legacy_import_id(old.import_id)
+    if legacy and _content_id(old) == new_id:
+        logger.info("same entities as before: %s keeps its import id", entity_path)
+        return old.import_id
+    if deps and not allow_orphans:
         raise OutputExistsError(
             f"{entity_path}: {len(deps)} checkpoint(s) were trained on this entity store "
             f"({_shown(deps)}) and this import changes its entities; nothing was replaced: "
             "import the same data to keep them, import into another entity_path, or pass "
             "--allow-orphans (then `bigembed remap CHECKPOINT` matches a model to the new names)"
         )
-    kept = keep_previous_names(old)
-    logger.warning(
-        "replacing the entity store of %d checkpoint(s) (%s); their names are kept in %s: run "
-        "`bigembed remap CHECKPOINT` to match a model to the new import",
-        len(deps),
-        _shown(deps),
-        kept,
-    )
+    if deps or legacy:  # a legacy store has no complete record of its checkpoints
+        kept = keep_previous_names(old)
+        logger.warning(
+            "replacing the entity store of %s; its names are kept in %s: run `bigembed remap "
+            "CHECKPOINT` to match a model trained on it to the new import",
+            f"{len(deps)} checkpoint(s) ({_shown(deps)})" if deps else "an older import",
+            kept,
+        )
+    return new_id

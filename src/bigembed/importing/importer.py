@@ -39,7 +39,7 @@ from bigembed.edgelists import (
 from bigembed.errors import BigembedError, ConfigError, InputError
 from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
-from bigembed.importing.dependents import check_replacement
+from bigembed.importing.dependents import check_replacement, restamp
 from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
@@ -224,9 +224,12 @@ class Importer:
             work = publisher.begin()
             summary = self._run(sources, work, publisher)
             assert self.import_id is not None
-            check_replacement(
+            kept_id = check_replacement(
                 self.entity_path, self.import_id, allow_orphans=self.opt.allow_orphans
             )
+            if kept_id != self.import_id:
+                restamp(publisher, kept_id)
+                self.import_id = kept_id
             t0 = time.monotonic()
             publisher.publish(self.import_id)
             logger.debug("publish: %.2f s", time.monotonic() - t0)

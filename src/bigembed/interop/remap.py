@@ -30,10 +30,14 @@ import torch
 from bigembed.atomic import atomic_directory
 from bigembed.checkpoints import CheckpointStore, TrainedModel, load_trained
 from bigembed.errors import CheckpointError, InputError
-from bigembed.importing import previous_import_path
 from bigembed.output_paths import check_replaceable, refuse_overlap
 from bigembed.partition_keys import PartitionKey
-from bigembed.storage import EntityStore, is_legacy_import_id, record_dependent
+from bigembed.storage import (
+    EntityStore,
+    is_legacy_import_id,
+    previous_import_path,
+    record_dependent,
+)
 from bigembed.train import init_embeddings
 
 SHOWN = 3  # dropped names shown per type
@@ -91,18 +95,19 @@ def _old_store(trained: TrainedModel, new_path: Path, from_entities: str | None)
     """The entity store of the import the model was trained on."""
     recorded = trained.import_id
     if from_entities is None:
-        if recorded is None or is_legacy_import_id(recorded):
+        if recorded is None:
             raise CheckpointError(
-                f"{trained.path}: records no import id that bigembed can find again; give "
+                f"{trained.path}: records no import id (it predates them); give "
                 "--from-entities OLD_ENTITY_PATH (the data it was trained on, imported into "
                 "another entity_path)"
             )
         kept = previous_import_path(new_path, recorded)
-        if not kept.is_dir():
+        if not (kept / "manifest.json").is_file():
             raise CheckpointError(
                 f"{trained.path}: the names of the import it was trained on are not kept in "
-                f"{kept} (`import --force --allow-orphans` keeps them); give --from-entities "
-                "OLD_ENTITY_PATH (the data it was trained on, imported into another entity_path)"
+                f"{kept} (`import --force` keeps them when it replaces a store a checkpoint "
+                "depends on); give --from-entities OLD_ENTITY_PATH (the data it was trained on, "
+                "imported into another entity_path)"
             )
         return EntityStore(kept)
     old = EntityStore(from_entities)

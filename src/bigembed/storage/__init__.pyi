@@ -1,4 +1,11 @@
-from .dependents import DEPENDENTS_FILE, Dependent, read_dependents, record_dependent
+from .dependents import (
+    DEPENDENTS_FILE,
+    PREVIOUS_IMPORTS,
+    Dependent,
+    previous_import_path,
+    read_dependents,
+    record_dependent,
+)
 from .edges import (
     EdgeChunk,
     EdgeStore,
@@ -20,6 +27,7 @@ from .format import (
     EDGE_FORMAT,
     ENTITY_FORMAT,
     FORMAT_VERSION,
+    IMPORT_ID,
     MANIFEST,
     PUBLISHING_KEY,
     bucket_dir,
@@ -37,7 +45,9 @@ __all__ = [
     "EDGE_FORMAT",
     "ENTITY_FORMAT",
     "FORMAT_VERSION",
+    "IMPORT_ID",
     "MANIFEST",
+    "PREVIOUS_IMPORTS",
     "PUBLISHING_KEY",
     "Dependent",
     "EdgeChunk",
@@ -54,6 +64,7 @@ __all__ = [
     "has_manifest",
     "index_dtype",
     "is_legacy_import_id",
+    "previous_import_path",
     "read_dependents",
     "read_manifest",
     "record_dependent",

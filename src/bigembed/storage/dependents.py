@@ -4,7 +4,8 @@ A checkpoint's embedding rows are the store's entity offsets, so replacing the s
 another import orphans the models trained on it. Training records its checkpoint here
 (:func:`record_dependent`, written atomically; the file is bigembed's and survives
 ``import --force``, which replaces only the store's own files), and ``import --force`` reads it
-back (:func:`read_dependents`) to refuse replacing a store that a live checkpoint still uses.
+back (:func:`read_dependents`) to refuse replacing a store that a live checkpoint still uses;
+when it replaces one anyway, it keeps the old names in :func:`previous_import_path`.
 Each entry names the checkpoint directory and the entity path it was trained on (both
 absolute), so a copied store does not claim the checkpoints of its original.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from bigembed.atomic import atomic_write_text
 
 DEPENDENTS_FILE = "trained_checkpoints.json"
+PREVIOUS_IMPORTS = "previous_imports"  # in the entity path: names of replaced imports
 DEPENDENTS_FORMAT = "bigembed-trained-checkpoints"
 _ATTEMPTS = 3  # re-reads after writing: another training's concurrent update is merged
 
@@ -35,6 +37,12 @@ class Dependent:
 
     checkpoint: Path
     entity_path: Path
+
+
+def previous_import_path(entity_path: str | os.PathLike[str], import_id: str) -> Path:
+    """Where ``import --force`` keeps the names of the replaced import ``import_id`` (for
+    ``bigembed remap``)."""
+    return Path(entity_path) / PREVIOUS_IMPORTS / import_id
 
 
 def _absolute(path: str | os.PathLike[str]) -> Path:
