@@ -120,7 +120,8 @@ def _old_store(trained: TrainedModel, new_path: Path, from_entities: str | None)
 
 
 def _check_shapes(trained: TrainedModel, old: EntityStore, new: EntityStore) -> None:
-    """Same entity types and partition counts as the model; old counts equal its rows."""
+    """Same entity types (a missing one is an InputError naming the store) and partition counts
+    as the model; the old store's counts equal its rows."""
     for etype in trained.config.entities:
         parts = trained.num_partitions(etype)
         for store in (old, new):
@@ -219,9 +220,6 @@ def remap_checkpoint(
     old = _old_store(trained, new_path, from_entities)
     refuse_overlap([out], [Path(checkpoint), old.path, new.path])
     check_replaceable(out, "checkpoint", force=force)
-    for etype in trained.config.entities:
-        for store in (old, new):
-            store.num_partitions(etype)  # an InputError naming the store if the type is missing
     _check_shapes(trained, old, new)
 
     types: dict[str, TypeRemap] = {}
