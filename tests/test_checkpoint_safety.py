@@ -250,7 +250,8 @@ def test_corrupt_metadata_is_one_line(
 # ---------------------------------------------------------------------- import ids
 @pytest.mark.integration
 def test_checkpoint_refuses_another_import(tmp_path: Path, capsys) -> None:
-    """Import, train, re-import (new ids): eval, export, similar and train all refuse."""
+    """Import, train, re-import other names (new ids, orphaning allowed): eval, export, similar
+    and train all refuse, naming `bigembed remap` (tests/test_import_identity.py runs it)."""
     from bigembed.storage.entities import EntityStore
     from support.imports import random_edges, write_config, write_tsv
 
@@ -262,12 +263,13 @@ def test_checkpoint_refuses_another_import(tmp_path: Path, capsys) -> None:
     assert cli_main(["train", str(config), "--no-progress", "-p", "num_epochs=1"]) == 0
     ck = tmp_path / "out" / "model"
     assert cli_main(["eval", str(config), "--no-progress"]) == 0
-    tsv2 = write_tsv(tmp_path / "edges2.tsv", random_edges(300, 40, ["r"], seed=7))
-    assert cli_main(["import", str(config), str(tsv2), "--force"]) == 0
+    # other names: the same 40 would be the same import (ids are derived from the entities)
+    tsv2 = write_tsv(tmp_path / "edges2.tsv", random_edges(300, 50, ["r"], seed=7))
+    assert cli_main(["import", str(config), str(tsv2), "--force", "--allow-orphans"]) == 0
     capsys.readouterr()
     expected = (
         f"{ck} was trained on a different import of {tmp_path / 'out' / 'entities'} "
-        "(import ids differ); retrain or re-import the original data"
+        f"(import ids differ: the entity names changed); run `bigembed remap {ck}`"
     )
     for argv in (
         ["eval", str(config), "--no-progress"],

@@ -283,7 +283,8 @@ def test_edge_store_of_another_import_is_refused(project: Path, tmp_path: Path, 
     other = tmp_path / "other"
     other.mkdir()
     config_b = write_config(other)
-    write_tsv(other / "in.tsv", random_edges(300, 40, ["r"], seed=5))
+    # other names: the same 40 would be the same import (ids are derived from the entities)
+    write_tsv(other / "in.tsv", random_edges(300, 50, ["r"], seed=5))
     assert _run(capsys, "import", "--no-progress", str(config_b), str(other / "in.tsv"))[0] == 0
     edges = project / "out" / "edges"
     shutil.rmtree(edges)

@@ -65,7 +65,8 @@ def test_help_lists_every_command_in_registry_order() -> None:
     assert [c for c in listed if c in COMMANDS] == list(COMMANDS.names)
     assert listed == [
         "demo", "split", "import", "config", "train", "tune", "eval", "export",
-        "predict", "similar", "convert", "plot", "launch", "partition-server", "build-kernels",
+        "predict", "similar", "convert", "remap", "plot", "launch", "partition-server",
+        "build-kernels",
     ]  # fmt: skip
 
 

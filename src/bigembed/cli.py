@@ -50,6 +50,7 @@ COMMANDS: Registry[Callable[[Any], None]] = Registry(
         ("export", f"{_CMD}.export_cmd:register"),
         ("predict", f"{_CMD}.query_cmd:register"),
         ("convert", f"{_CMD}.convert_cmd:register"),
+        ("remap", f"{_CMD}.remap_cmd:register"),
         ("plot", f"{_CMD}.plot_cmd:register"),
         ("launch", f"{_CMD}.distributed_cmd:register"),
         ("build-kernels", f"{_CMD}.build_kernels_cmd:register"),

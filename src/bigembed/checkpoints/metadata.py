@@ -30,6 +30,7 @@ from bigembed import __version__
 from bigembed.errors import CheckpointError
 from bigembed.partition_keys import PartitionKey
 from bigembed.serialization import RECORD_CONFIG, JsonForm, NonNegativeInt, omit_none
+from bigembed.storage import is_legacy_import_id, previous_import_path
 
 FORMAT_VERSION = 1
 
@@ -45,13 +46,26 @@ def check_same_import(
     """Refuse a checkpoint trained on another import of ``entity_path`` (other entity ids).
 
     ``recorded`` is the checkpoint metadata's ``import_id``; None on either side (a checkpoint
-    or an entity store from before import ids) cannot be checked and passes.
+    or an entity store from before import ids) cannot be checked and passes. Import ids are
+    derived from the entities (re-importing the same data gives the same id), so a difference
+    means the names changed: the message names ``bigembed remap``, which matches the rows to
+    the new names. A random id from before content-derived ids can never match again: unless
+    ``import --force`` kept that import's names, the message says how to get them back.
     """
     if recorded is None or current is None or recorded == current:
         return
+    kept = (previous_import_path(entity_path, recorded) / "manifest.json").is_file()
+    if is_legacy_import_id(recorded) and not kept:
+        raise CheckpointError(
+            f"{checkpoint} was trained on an import of {entity_path} made before bigembed "
+            "derived import ids from the data (its id is random, so no re-import matches it): "
+            "re-import the original data into another entity_path, then run "
+            f"`bigembed remap {checkpoint} --from-entities THAT_ENTITY_PATH`"
+        )
     raise CheckpointError(
-        f"{checkpoint} was trained on a different import of {entity_path} (import ids differ); "
-        "retrain or re-import the original data"
+        f"{checkpoint} was trained on a different import of {entity_path} (import ids differ: "
+        f"the entity names changed); run `bigembed remap {checkpoint}` to match its rows to the "
+        "new names, or re-import the original data"
     )
 
 

@@ -75,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip and count malformed lines instead of stopping",
     )
     parser.add_argument("--force", action="store_true", help="replace existing entity/edge stores")
+    parser.add_argument(
+        "--allow-orphans",
+        action="store_true",
+        help="with --force: replace an entity store even when checkpoints trained on it would "
+        "no longer match its names (keeps the old names for `bigembed remap`)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
         "--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         relation_type_min_count=args.relation_type_min_count,
         skip_bad_lines=args.skip_bad_lines,
         force=args.force,
+        allow_orphans=args.allow_orphans,
         progress=not args.no_progress and sys.stderr.isatty(),
         buffer_edges=args.buffer_edges,
         run_edges=args.run_edges,

@@ -1,8 +1,8 @@
 from .checks import config_warnings
 from .cli_args import add_config_arguments, config_from_args
 from .files import read_config_file
-from .key_help import format_key_help
 from .held_out import held_out_warnings
+from .key_help import format_key_help
 from .key_listing import config_keys, format_config_keys
 from .keys import normalize_keys
 from .loading import config_to_dict, load_config, parse_config_dict

@@ -45,6 +45,7 @@ from bigembed.distributed.shared_checkpoint import (
 from bigembed.distributed.shared_stop import SharedStop
 from bigembed.kernels import Table
 from bigembed.output_paths import StagingClaim, claim_staging, remove_dead_staging
+from bigembed.storage import record_dependent
 from bigembed.train import (
     Iteration,
     ModelState,
@@ -150,6 +151,7 @@ class DataParallelTrainer:
         if self.rank == 0:
             store = self.local.checkpoint
             committed[0] = store.open_for_training()
+            record_dependent(self.cfg.entity_path, store.path)  # `import --force` checks it
         else:
             self.scratch, self._claim = make_scratch(self.rank)
             self.ctx.on_exit(self._remove_scratch)  # also when the rank ends after a failure

@@ -53,6 +53,7 @@ from bigembed.distributed.parameter_sync import SharedParameterSync
 from bigembed.distributed.partition_server import PartitionClient, PartitionServer
 from bigembed.distributed.shared_checkpoint import CooperativeCheckpoints, open_checkpoint
 from bigembed.distributed.shared_stop import SharedStop
+from bigembed.storage import record_dependent
 from bigembed.train import (
     ModelState,
     PartitionStore,
@@ -137,6 +138,8 @@ class DistributedTrainer:
     def train(self) -> TrainResult:
         cfg, job, ctx = self.cfg, self.job, self.ctx
         access = open_checkpoint(ctx, self.checkpoint)
+        if self.rank == 0:
+            record_dependent(cfg.entity_path, self.checkpoint.path)  # `import --force` checks it
         committed = access.committed
         stopped = self.stop.at_start(committed) if self.stop is not None else None
         if stopped is not None:

@@ -4,7 +4,9 @@ Pass 1 (:mod:`~bigembed.importing.collect`) reads each input once and spills int
 then relations and entities are finalised (min-counts, seeded partition assignment, entity
 files); pass 2 (:mod:`~bigembed.importing.bucketing`) turns each input's spill into its shuffled
 buckets. Everything is built in temporary places and published together
-(:mod:`~bigembed.importing.publish`). docs/FORMAT.md describes the passes and the files.
+(:mod:`~bigembed.importing.publish`), after :mod:`~bigembed.importing.dependents` has checked
+that replacing an existing store orphans no checkpoint trained on it. docs/FORMAT.md describes
+the passes and the files.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bigembed.edgelists import (
 from bigembed.errors import BigembedError, ConfigError, InputError
 from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
+from bigembed.importing.dependents import check_replacement, restamp
 from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
@@ -61,6 +64,7 @@ class ImportOptions:
     relation_type_min_count: int = 1
     skip_bad_lines: bool = False
     force: bool = False
+    allow_orphans: bool = False  # --force may replace a store that checkpoints were trained on
     progress: bool = True
     buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
     run_edges: int = 2_000_000  # edges shuffled in memory at once in the bucketing pass
@@ -220,6 +224,12 @@ class Importer:
             work = publisher.begin()
             summary = self._run(sources, work, publisher)
             assert self.import_id is not None
+            kept_id = check_replacement(
+                self.entity_path, self.import_id, allow_orphans=self.opt.allow_orphans
+            )
+            if kept_id != self.import_id:
+                restamp(publisher, kept_id)
+                self.import_id = kept_id
             t0 = time.monotonic()
             publisher.publish(self.import_id)
             logger.debug("publish: %.2f s", time.monotonic() - t0)

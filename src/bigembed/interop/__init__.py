@@ -1,4 +1,5 @@
-"""Moving checkpoints between bigembed and other systems (PyTorch-BigGraph)."""
+"""Moving checkpoints between bigembed and other systems (PyTorch-BigGraph), and between two
+imports of one entity path (``remap``)."""
 
 import lazy_loader
 

@@ -6,6 +6,8 @@ This ``__init__`` is the package's public API: other packages import these names
 :func:`check_edges_relations`, :func:`read_manifest`, :func:`has_manifest`. Writers (used by
 ``bigembed import``, the PBG converter and tests): :func:`write_entity_store`,
 :func:`write_edge_manifest`, and the file names and dtypes of the format (see docs/FORMAT.md).
+Import identity: :func:`content_import_id`, :func:`is_legacy_import_id`; the checkpoints
+trained on a store: :func:`record_dependent`, :func:`read_dependents`.
 """
 
 import lazy_loader

@@ -1,3 +1,11 @@
+from .dependents import (
+    DEPENDENTS_FILE,
+    PREVIOUS_IMPORTS,
+    Dependent,
+    previous_import_path,
+    read_dependents,
+    record_dependent,
+)
 from .edges import (
     EdgeChunk,
     EdgeStore,
@@ -6,13 +14,20 @@ from .edges import (
     chunk_range,
     write_edge_manifest,
 )
-from .entities import EntityStore, EntityTypeInfo, write_entity_store
+from .entities import (
+    EntityStore,
+    EntityTypeInfo,
+    content_import_id,
+    is_legacy_import_id,
+    write_entity_store,
+)
 from .format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
     EDGE_FORMAT,
     ENTITY_FORMAT,
     FORMAT_VERSION,
+    IMPORT_ID,
     MANIFEST,
     PUBLISHING_KEY,
     bucket_dir,
@@ -24,13 +39,17 @@ from .format import (
 )
 
 __all__ = [
+    "DEPENDENTS_FILE",
     "DYNAMIC_REL_COUNT",
     "DYNAMIC_REL_NAMES",
     "EDGE_FORMAT",
     "ENTITY_FORMAT",
     "FORMAT_VERSION",
+    "IMPORT_ID",
     "MANIFEST",
+    "PREVIOUS_IMPORTS",
     "PUBLISHING_KEY",
+    "Dependent",
     "EdgeChunk",
     "EdgeStore",
     "EntityStore",
@@ -39,11 +58,16 @@ __all__ = [
     "check_edges_import",
     "check_edges_relations",
     "chunk_range",
+    "content_import_id",
     "entity_count_file",
     "entity_names_file",
     "has_manifest",
     "index_dtype",
+    "is_legacy_import_id",
+    "previous_import_path",
+    "read_dependents",
     "read_manifest",
+    "record_dependent",
     "write_edge_manifest",
     "write_entity_store",
 ]

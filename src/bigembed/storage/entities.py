@@ -5,18 +5,20 @@ Layout of ``entity_path`` (see docs/FORMAT.md): ``manifest.json``, PBG-compatibl
 and ``entity_names_{type}_{part}.parquet`` (names in offset order; Parquet because a JSON list
 of a billion names cannot be read in pieces).
 
-Each import gets an ``import_id`` (a random id plus a digest of the entity files, hashed while
-they are written) recorded in the manifest; the edge stores bucketed against this store record
-it too, so a mix of stores from different imports is detected
-(:func:`bigembed.storage.edges.check_edges_import`).
+Each import gets an ``import_id`` recorded in the manifest: a digest of what the ids mean
+(:func:`content_import_id`: every entity name with its type, partition and offset, and the
+relation names), so importing the same entities again gives the same id and a model trained on
+the first import stays usable. The edge stores bucketed against this store record it too, so a
+mix of stores from different imports is detected
+(:func:`bigembed.storage.edges.check_edges_import`); a checkpoint records it as well.
+Stores written before content-derived ids carry a random id (:func:`is_legacy_import_id`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import uuid
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,29 +163,59 @@ class EntityStore:
         return None if parts[0] < 0 else (int(parts[0]), int(offsets[0]))
 
 
-class _HashingWriter(io.RawIOBase):
-    """A binary file that also feeds every byte written to a hash."""
-
-    def __init__(self, raw: io.BufferedWriter, digest: Any) -> None:
-        self._raw = raw
-        self._digest = digest
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._digest.update(data)
-        return self._raw.write(data)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
+IDENTITY_VERSION = "content-v1"  # bump when the digested content changes
+_LENGTHS_CHUNK = 1 << 20  # names whose lengths are hashed at once
+_LEGACY_ID = re.compile(r"^[0-9a-f]{32}-[0-9a-f]{32}$")
 
 
-def _write_text(path: Path, text: str, digest: Any) -> None:
-    data = text.encode("utf-8")
-    digest.update(data)
-    path.write_bytes(data)
+def is_legacy_import_id(import_id: str) -> bool:
+    """Whether ``import_id`` is a random id of a store written before content-derived ids
+    (``{uuid}-{digest}``): no import can reproduce it."""
+    return _LEGACY_ID.match(import_id) is not None
+
+
+def _feed_names(digest: Any, array: pa.Array) -> None:
+    """Hash every name of ``array`` in order, each with its length (no separator ambiguity)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.type != pa.string():
+        array = array.cast(pa.string())
+    for start in range(0, len(array), _LENGTHS_CHUNK):  # bounded memory for huge partitions
+        piece = pc.fill_null(pc.binary_length(array.slice(start, _LENGTHS_CHUNK)), -1)
+        digest.update(piece.to_numpy(zero_copy_only=False).astype("<i8").tobytes())
+    if len(array) == 0:
+        return
+    first = array.offset
+    offsets = np.frombuffer(array.buffers()[1], dtype="<i4")[first : first + 1 + len(array)]
+    data = array.buffers()[2]
+    if data is not None:
+        digest.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])
+
+
+def content_import_id(
+    names: Mapping[str, Sequence[pa.Array]],
+    relation_names: Sequence[str],
+    dynamic_relations: bool,
+) -> str:
+    """The import id of an entity store: a digest of every name with its (type, partition,
+    offset), of the relation names and of whether they are dynamic.
+
+    Two imports get the same id exactly when every entity id and relation id means the same
+    thing in both, so a model trained on one can be used with the other; the file bytes (which
+    depend on the Parquet writer's version) do not enter it.
+    """
+    digest = hashlib.sha256(f"bigembed import identity {IDENTITY_VERSION}\n".encode())
+    shape = {
+        "dynamic_relations": bool(dynamic_relations),
+        "relations": list(relation_names),
+        "entity_types": {t: [len(a) for a in parts] for t, parts in names.items()},
+    }
+    digest.update(json.dumps(shape, sort_keys=True).encode("utf-8"))
+    for entity_type in sorted(names):
+        for part, array in enumerate(names[entity_type]):
+            digest.update(f"\n{entity_type}\0{part}\n".encode())
+            _feed_names(digest, array)
+    return f"content-{digest.hexdigest()[:40]}"
 
 
 def write_entity_store(
@@ -198,10 +230,9 @@ def write_entity_store(
     """Write every file of an entity store into ``directory`` (the manifest last).
 
     ``names[type][part]`` is the string array of that partition's names in offset order.
-    Returns the store's new ``import_id`` (also in its manifest).
+    Returns the store's ``import_id`` (:func:`content_import_id`; also in its manifest).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
     types: dict[str, Any] = {}
     for entity_type, parts in names.items():
         counts = []
@@ -209,16 +240,13 @@ def write_entity_store(
             table = pa.table(
                 {"name": array.cast(pa.string()) if array.type != pa.string() else array}
             )
-            names_file = entity_names_file(entity_type, part)
-            digest.update(names_file.encode("utf-8"))
-            with open(directory / names_file, "wb") as raw, _HashingWriter(raw, digest) as f:
-                pq.write_table(table, f)
-            _write_text(directory / entity_count_file(entity_type, part), f"{len(array)}\n", digest)
+            pq.write_table(table, directory / entity_names_file(entity_type, part))
+            (directory / entity_count_file(entity_type, part)).write_text(f"{len(array)}\n")
             counts.append(len(array))
         types[entity_type] = {"num_partitions": len(parts), "counts": counts}
-    _write_text(directory / DYNAMIC_REL_COUNT, f"{len(relation_names)}\n", digest)
-    _write_text(directory / DYNAMIC_REL_NAMES, json.dumps(list(relation_names)) + "\n", digest)
-    import_id = f"{uuid.uuid4().hex}-{digest.hexdigest()[:32]}"
+    (directory / DYNAMIC_REL_COUNT).write_text(f"{len(relation_names)}\n")
+    (directory / DYNAMIC_REL_NAMES).write_text(json.dumps(list(relation_names)) + "\n")
+    import_id = content_import_id(names, relation_names, dynamic_relations)
     manifest: dict[str, Any] = {
         "format": ENTITY_FORMAT,
         "format_version": FORMAT_VERSION,

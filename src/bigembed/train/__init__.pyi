@@ -5,6 +5,7 @@ from .job import ModelState, TrainingJob
 from .loop import StopTraining, TrainingLoop, TrainResult, standard_observers
 from .memory.cost import CostModel, bucket_costs
 from .memory.cost_calibration import BucketSample, fit_from_buckets
+from .memory.partition_values import init_embeddings
 from .memory.partitions import PartitionStore
 from .observers import BucketWork, Observer, TrainingObserver
 from .plotting import plot_training
@@ -36,6 +37,7 @@ __all__ = [
     "checkpoint_metadata",
     "commit_with_stats",
     "fit_from_buckets",
+    "init_embeddings",
     "iterations",
     "keep_freed_memory",
     "merge_step_logs",

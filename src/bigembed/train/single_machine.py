@@ -18,6 +18,7 @@ from bigembed.buckets import bucket_sides, chunk_sizes, partitions_per_side
 from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.partition_keys import Bucket
+from bigembed.storage import record_dependent
 from bigembed.train.iteration import Iteration, mix_seed
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import BucketSource, TrainingLoop, TrainResult, standard_observers
@@ -94,6 +95,7 @@ class Trainer:
         cfg, job = self.cfg, self.job
         checkpoints = LocalCheckpoints(job, self.state, self.checkpoint)
         committed = self.checkpoint.open_for_training()
+        record_dependent(cfg.entity_path, self.checkpoint.path)  # `import --force` checks it
         if committed >= job.num_steps:
             logger.info(
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
