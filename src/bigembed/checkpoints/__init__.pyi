@@ -4,17 +4,21 @@ from .metadata import CheckpointMetadata, IterationPosition, check_same_import
 from .reading import TrainedModel, checkpoint_dir, load_trained, open_entity_store
 from .store import CheckpointStore
 from .tables import EntityTables
+from .version_choice import ChosenVersion, choose_version, describe_best
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "VERSION_FILE",
     "CheckpointMetadata",
     "CheckpointStore",
+    "ChosenVersion",
     "EntityTables",
     "IterationPosition",
     "TrainedModel",
     "check_same_import",
     "checkpoint_dir",
+    "choose_version",
+    "describe_best",
     "load_trained",
     "open_entity_store",
     "open_for_inference",
