@@ -83,6 +83,9 @@ def test_eval_reads_the_best_by_default(stopped, capsys) -> None:
     assert note.endswith(f"the latest is version {LATEST} (--version latest reads it)")
     out, err = _run(capsys, *argv, "--version", "latest")
     assert f"(version {LATEST})" in out.splitlines()[0] and not _notes(err)
+    # reading best/ keeps the whole checkpoint directory an input: no report written into it
+    assert cli_main([*argv, "--output", str(config.parent / "model" / "report.json")]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
 
 
 def test_queries_read_the_best_by_default(stopped, capsys) -> None:
@@ -115,8 +118,13 @@ def test_export_and_convert_read_the_best_by_default(stopped, capsys, tmp_path) 
     _, err = _run(capsys, *argv)
     assert json.loads((tmp_path / "e2" / "export.json").read_text())["version"] == LATEST
     assert not _notes(err)
+    # reading best/ keeps the whole checkpoint directory an input: nothing written into it
+    assert cli_main(["export", model, "--format", "npy", "-o", f"{model}/e"]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
     if h5py is None:
         pytest.skip("convert needs h5py")
+    assert cli_main(["convert", "to-pbg", model, "-", f"{model}/pbg", str(tmp_path / "x")]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
     for version, expected in ((None, BEST), ("latest", LATEST), ("best", BEST)):
         out_dir = tmp_path / f"pbg_{version}"
         argv = ["convert", "to-pbg", model, "-", str(out_dir / "ck"), str(out_dir / "ent")]

@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         entity_path = None if args.entity_path == "-" else args.entity_path
+        outputs = [args.out_checkpoint, args.out_entity_path]
         summary = to_pbg(
-            checkpoint_of(args.checkpoint, args),
+            checkpoint_of(args.checkpoint, args, outputs=outputs),
             entity_path,
             args.out_checkpoint,
             args.out_entity_path,

@@ -127,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.eval import evaluate_checkpoint
 
     cfg = config_from_args(args)
-    chosen = checkpoint_of(cfg.checkpoint_path, args)  # early stopping's best by default
-    if chosen != Path(cfg.checkpoint_path):
+    checkpoint = cfg.checkpoint_path  # the whole directory stays an input, best/ or not
+    chosen = checkpoint_of(checkpoint, args)  # early stopping's best by default
+    if chosen != Path(checkpoint):
         cfg = cfg.model_copy(update={"checkpoint_path": str(chosen)})
 
     def check_output() -> None:  # refused before any work: never over an input, nor a report
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
         inputs = [
             args.config,
-            cfg.checkpoint_path,
+            checkpoint,
             args.entity_path or cfg.entity_path,
             *(args.edges or cfg.edge_paths),
             *(args.filter_edges or []),

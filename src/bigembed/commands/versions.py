@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -23,10 +24,15 @@ def add_version_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def checkpoint_of(path: str, args: argparse.Namespace) -> Path:
+def checkpoint_of(path: str, args: argparse.Namespace, outputs: Sequence[str | Path] = ()) -> Path:
     """The checkpoint directory holding the version the user asked for (or the default one,
-    named in one line on stderr when it is early stopping's best)."""
+    named in one line on stderr when it is early stopping's best). ``outputs`` are refused
+    inside the whole checkpoint directory ``path``, whichever version is read (``best/`` is
+    only part of it)."""
     from bigembed.checkpoints import choose_version
+    from bigembed.output_paths import refuse_overlap
+
+    refuse_overlap(outputs, [path])
 
     chosen = choose_version(path, getattr(args, "checkpoint_version", None))
     if chosen.note is not None:
