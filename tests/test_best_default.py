@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,19 @@ def test_no_best_no_note(trained_checkpoint, capsys) -> None:
     path = trained_checkpoint.config.checkpoint_path
     out, err = _run(capsys, "similar", path, "n1", "-k", "2")
     assert "early stopping" not in err and out.startswith("Nearest to n1")
+
+
+def test_a_best_beyond_the_latest_is_not_used(stopped, tmp_path) -> None:
+    """best/ recording a version after the committed one (left from an earlier run) is not
+    the best of this one: the latest is read, and the note says why."""
+    from bigembed.checkpoints import choose_version
+
+    config, _ = stopped
+    model = tmp_path / "model"
+    shutil.copytree(config.parent / "model", model)
+    record = json.loads((model / "best" / "best.json").read_text())
+    (model / "best" / "best.json").write_text(json.dumps({**record, "version": 99}))
+    chosen = choose_version(model)
+    assert chosen.directory == model and not chosen.latest_differs
+    assert chosen.note is not None and f"using the latest version {LATEST}" in chosen.note
+    assert bigembed.load(model).trained.version == LATEST
