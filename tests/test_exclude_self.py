@@ -11,7 +11,7 @@ import pytest
 from bigembed.cli import main as cli_main
 from bigembed.config import load_config
 from bigembed.eval import evaluate_checkpoint
-from bigembed.serving import load
+from bigembed.serving import QueryError, load
 from support.imports import random_edges, write_config, write_tsv
 
 N = 30
@@ -56,19 +56,49 @@ def test_exclude_self_needs_the_filtered_ranking(project: Path, capsys) -> None:
         assert len(err) == 1 and "--exclude-self" in err[0], err
 
 
-def test_predict_never_answers_the_entity_itself(project: Path, capsys) -> None:
+def test_predict_leaves_the_entity_itself_out_by_default(project: Path, capsys) -> None:
     model = load(project / "out" / "model")
-    every = model.predict("e3", "follows", k=N)
-    assert "e3" in [p.name for p in every]
+    every = model.predict("e3", "follows", k=N, include_self=True)
+    assert "e3" in [p.name for p in every] and len(every) == N
+    assert model.predict("e3", "follows", k=N, exclude_self=False) == every  # the old spelling
     for side in ("rhs", "lhs"):
         for filtered in (False, True):
-            got = model.predict(
+            got = model.predict("e3", "follows", k=N, side=side, filtered=filtered)
+            names = [p.name for p in got]
+            assert "e3" not in names and len(set(names)) == len(names)
+            assert got == model.predict(  # exclude_self=True: the default, still accepted
                 "e3", "follows", k=N, side=side, filtered=filtered, exclude_self=True
             )
-            names = [p.name for p in got if p.score != float("-inf")]
-            assert "e3" not in names and len(set(names)) == len(names)
-    many = model.predict(["e3", "e7"], "follows", k=N, exclude_self=True)
+    assert len(model.predict("e3", "follows", k=N)) == N - 1  # no -inf "answer" at the end
+    many = model.predict(["e3", "e7"], "follows", k=N)
     assert all(q not in [p.name for p in ps] for q, ps in zip(["e3", "e7"], many, strict=True))
+    with pytest.raises(QueryError, match="contradict"):
+        model.predict("e3", "follows", include_self=True, exclude_self=True)
     argv = ["predict", str(project / "out" / "model"), "--lhs", "e3", "--rel", "follows"]
-    assert cli_main([*argv, "-k", str(N), "--exclude-self", "--json"]) == 0
-    assert '"e3"' not in capsys.readouterr().out
+    for extra, listed in (([], False), (["--exclude-self"], False), (["--include-self"], True)):
+        assert cli_main([*argv, "-k", str(N), "--json", *extra]) == 0
+        assert ('"e3"' in capsys.readouterr().out) is listed, extra
+    with pytest.raises(SystemExit) as info:  # argparse: one of the two
+        cli_main([*argv, "--include-self", "--exclude-self"])
+    assert info.value.code == 2
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_relations_across_types_keep_every_answer(tmp_path: Path) -> None:
+    """Leaving the query out applies only within one type: a person is never a city, and a
+    city named like a person is a different entity that stays a candidate."""
+    write_config(
+        tmp_path,
+        entities={"person": 1, "city": 1},
+        relations=[("lives_in", "person", "city")],
+    )
+    rows = [(f"x{i}", "lives_in", f"x{(i * 7) % 12}") for i in range(12)] * 20
+    write_tsv(tmp_path / "train.tsv", rows)
+    config = str(tmp_path / "config.yaml")
+    assert cli_main(["import", "--no-progress", config, str(tmp_path / "train.tsv")]) == 0
+    args = ["-p", "num_epochs=1", "-p", "dimension=4", "-p", "workers=1"]
+    assert cli_main(["train", "--no-progress", config, *args]) == 0
+    model = load(tmp_path / "out" / "model")
+    cities = model.num_entities("city")
+    got = model.predict("x3", "lives_in", k=cities)
+    assert "x3" in [p.name for p in got] and len(got) == cities

@@ -232,7 +232,7 @@ def test_reads_a_checkpoint_written_by_pbg(tmp_path: Path) -> None:
     x = fx["embs"][0][1]
     expected = fx["embs"][1] @ (fx["diag"]["lhs"][2] * x)
     np.testing.assert_allclose(model.score("b", "r_c", ["d", "e"], side="rhs"), expected, rtol=1e-5)
-    assert len(model.predict("b", "r_c", k=5)) == 5
+    assert len(model.predict("b", "r_c", k=5, include_self=True)) == 5
 
 
 def _craft(path: Path, kind: str, outside: Path, name: str = "embeddings") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,101 @@ def test_relations_are_names_or_ids(ring) -> None:
             model.predict(h, bad)
     with pytest.raises(UnknownNameError, match="out of range"):
         model.predict(h, len(model.relation_names))
+
+
+def test_similar_takes_a_list_of_names(ring, capsys) -> None:
+    cfg, _, model = ring
+    names = ["n3", "n7", "n3"]
+    for include_self in (False, True):
+        each = [model.similar(n, k=4, include_self=include_self) for n in names]
+        for query in (names, tuple(names), np.array(names)):
+            _same(model.similar(query, k=4, include_self=include_self), each)
+    assert model.similar([], k=2) == []
+    assert cli_main(["similar", cfg.checkpoint_path, "n3", "n7", "-k", "2"]) == 0
+    blocks = capsys.readouterr().out.split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == ["Nearest to n3 (cos):", "Nearest to n7 (cos):"]
+    for block, name in zip(blocks, ["n3", "n7"], strict=True):
+        listed = [line.split()[1] for line in block.strip().splitlines()[2:]]
+        assert listed == [p.name for p in model.similar(name, k=2)]
+    argv = ["similar", cfg.checkpoint_path, "-k", "2", "--json", "n3", "n7"]  # names after options
+    assert cli_main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [g["query"] for g in got] == ["n3", "n7"]
+    assert [r["name"] for r in got[1]["results"]] == [p.name for p in model.similar("n7", k=2)]
+
+
+def test_similar_takes_a_vector(ring, capsys, tmp_path) -> None:
+    cfg, _, model = ring
+    for metric in ("cos", "dot", "l2"):
+        by_name = model.similar("n5", k=4, metric=metric, include_self=True)
+        for vector in (model.vector("n5"), torch.from_numpy(model.vector("n5"))):
+            assert _names(model.similar(vector, k=4, metric=metric)) == _names(by_name)
+    rows = model.vectors(["n1", "n2"])
+    both = model.similar(rows, k=3)
+    assert [_names(b) for b in both] == [
+        _names(model.similar(n, k=3, include_self=True)) for n in ("n1", "n2")
+    ]
+    mean = model.similar(rows.mean(0), k=2)
+    assert len(mean) == 2 and mean[0].type == "node"
+    np.save(tmp_path / "v.npy", model.vector("n5"))
+    text = ",".join(repr(float(x)) for x in model.vector("n5"))
+    for arg in (str(tmp_path / "v.npy"), text):  # after --: the first number may be negative
+        argv = ["similar", cfg.checkpoint_path, "--vector", "-k", "3", "--json", "--", arg]
+        assert cli_main(argv) == 0
+        got = [r["name"] for r in json.loads(capsys.readouterr().out)]
+        assert got == _names(model.similar("n5", k=3, include_self=True))
+    np.save(tmp_path / "m.npy", rows)
+    argv = ["similar", cfg.checkpoint_path, "--vector", str(tmp_path / "m.npy"), "-k", "2"]
+    assert cli_main(argv) == 0
+    titles = [line for line in capsys.readouterr().out.splitlines() if "Nearest" in line]
+    assert titles == ["Nearest to m.npy row 1 (cos):", "Nearest to m.npy row 2 (cos):"]
+    with pytest.raises(QueryError, match="have 3 values but 'node' embeddings have 16"):
+        model.similar(np.ones(3))
+    with pytest.raises(QueryError, match="NaN"):
+        model.similar(np.full(16, np.nan))
+    for argv in (
+        ["similar", cfg.checkpoint_path, "--vector", "1,x"],
+        ["similar", cfg.checkpoint_path, "--vector", "n1"],
+        ["similar", cfg.checkpoint_path, "--vector", str(tmp_path / "missing.npy")],
+        ["similar", cfg.checkpoint_path, "--vector", "1,2,3"],
+        ["similar", cfg.checkpoint_path, "--vector", "1,2", "1,2,3"],
+    ):
+        assert cli_main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("bigembed similar: error: "), err
+
+
+def test_messages_about_many_names_stay_short(ring) -> None:
+    _, edges, model = ring
+    _, r, _ = edges[0]
+    many = [f"someone_{i:04d}" for i in range(1000)]
+    calls = [
+        (lambda: model.similar(many), "unknown entities 'someone_0000', 'someone_0001', "),
+        (lambda: model.predict(many, r), "unknown entities 'someone_0000', "),
+        (lambda: model.vectors(many), "unknown entities 'someone_0000', "),
+        (lambda: model.vector(many), "entity names are strings, got a list of 1,000 ("),
+        (lambda: model.similar([*["n1"] * 999, 5]), "entity names are strings, got 5 (int)"),
+    ]
+    for call, start in calls:
+        with pytest.raises(BigembedError) as info:
+            call()
+        message = str(info.value)
+        assert start in message and len(message) < 200, message
+    assert "and 997 more" in _message(lambda: model.similar(many))
+
+
+def _same(got: list, want: list) -> None:
+    """The same answers, scores up to float rounding (a batch sums in another order)."""
+    assert [_names(g) for g in got] == [_names(w) for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert [p.score for p in g] == pytest.approx([p.score for p in w], rel=1e-5, abs=1e-6)
+
+
+def _names(predictions) -> list[str]:
+    return [p.name for p in predictions]
+
+
+def _message(call) -> str:
+    with pytest.raises(BigembedError) as info:
+        call()
+    return str(info.value)

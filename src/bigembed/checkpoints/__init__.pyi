@@ -6,12 +6,14 @@ from .reading import TrainedModel, checkpoint_dir, load_trained, open_entity_sto
 from .start_over import start_over
 from .store import CheckpointStore
 from .tables import EntityTables
+from .version_choice import ChosenVersion, choose_version, describe_best
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "VERSION_FILE",
     "CheckpointMetadata",
     "CheckpointStore",
+    "ChosenVersion",
     "EntityTables",
     "IterationPosition",
     "ModelMismatchError",
@@ -19,6 +21,8 @@ __all__ = [
     "check_checkpoint_fits",
     "check_same_import",
     "checkpoint_dir",
+    "choose_version",
+    "describe_best",
     "load_trained",
     "open_entity_store",
     "open_for_inference",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bigembed.commands.versions import add_version_argument, checkpoint_of
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -33,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("out_checkpoint", metavar="OUT_PBG_CHECKPOINT_DIR")
     t.add_argument("out_entity_path", metavar="OUT_PBG_ENTITY_PATH")
     t.add_argument("--force", action="store_true", help="replace existing outputs")
+    add_version_argument(t)
     t.set_defaults(func=run)
 
 
@@ -49,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         entity_path = None if args.entity_path == "-" else args.entity_path
+        outputs = [args.out_checkpoint, args.out_entity_path]
         summary = to_pbg(
-            args.checkpoint,
+            checkpoint_of(args.checkpoint, args, outputs=outputs),
             entity_path,
             args.out_checkpoint,
             args.out_entity_path,

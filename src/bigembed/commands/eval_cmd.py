@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from bigembed.commands.columns import add_column_arguments
 from bigembed.commands.versions import add_version_argument, checkpoint_of
@@ -126,16 +127,17 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.eval import evaluate_checkpoint
 
     cfg = config_from_args(args)
-    if args.checkpoint_version != "latest":
-        best = checkpoint_of(cfg.checkpoint_path, args)
-        cfg = cfg.model_copy(update={"checkpoint_path": str(best)})
+    checkpoint = cfg.checkpoint_path  # the whole directory stays an input, best/ or not
+    chosen = checkpoint_of(checkpoint, args)  # early stopping's best by default
+    if chosen != Path(checkpoint):
+        cfg = cfg.model_copy(update={"checkpoint_path": str(chosen)})
 
     def check_output() -> None:  # refused before any work: never over an input, nor a report
         from bigembed.output_paths import check_output_file  # unless --force
 
         inputs = [
             args.config,
-            cfg.checkpoint_path,
+            checkpoint,
             args.entity_path or cfg.entity_path,
             *(args.edges or cfg.edge_paths),
             *(args.filter_edges or []),

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.export import export_checkpoint
 
     manifest = export_checkpoint(
-        checkpoint_of(args.checkpoint_dir, args),
+        checkpoint_of(args.checkpoint_dir, args, outputs=[args.output]),
         args.fmt,
         args.output,
         entity_path=args.entity_path,

@@ -80,6 +80,7 @@ def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> 
             print(f"Nothing to do: {result.stopped}.")
         else:
             print(f"Nothing to do: {cfg.checkpoint_path} already holds all {result.version} steps.")
+            _print_best(cfg, result.version)
         return
     last = result.last_step
     loss = last.stats.loss if last is not None else float("nan")
@@ -91,6 +92,7 @@ def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> 
     )
     if result.stopped is not None:
         print(f"Stopped early: {result.stopped}.")
+    _print_best(cfg, result.version)
     after = last.eval_after if last is not None else None
     if after:
         print(
@@ -98,3 +100,20 @@ def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> 
             "`bigembed eval` for filtered full ranking): "
             + json.dumps({k: round(v, 4) for k, v in after.items() if k != "count"})
         )
+
+
+def _print_best(cfg: ConfigSchema, latest: int) -> None:
+    """The version early stopping kept, if any: the one the reading commands use by default."""
+    from bigembed.checkpoints import CheckpointStore, describe_best
+
+    best = CheckpointStore(cfg.checkpoint_path).read_best()
+    if best is None:
+        return
+    metric, where = describe_best(best), f"{cfg.checkpoint_path}/best"
+    if int(best["version"]) == latest:
+        print(f"Best version: {latest}, the latest ({metric}; also kept in {where}).")
+        return
+    print(
+        f"Best version: {best['version']} ({metric}), kept in {where}; predict, similar, eval, "
+        f"export and convert use it by default (--version latest for version {latest})."
+    )

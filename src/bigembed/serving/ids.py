@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bigembed.checkpoints import EntityTables
-from bigembed.serving.errors import UnknownNameError, check_name
+from bigembed.serving.errors import UnknownNameError, check_name, show_values
 from bigembed.storage import EntityStore
 
 
@@ -21,10 +21,9 @@ def names_to_ids(
         check_name(name)
     parts, offsets = store.lookup(etype, list(names))
     if (parts < 0).any():
-        bad = names[int(np.flatnonzero(parts < 0)[0])]
-        raise UnknownNameError(
-            f"unknown entity {bad!r} (not among the {etype!r} names of {store.path})"
-        )
+        bad = [names[i] for i in np.flatnonzero(parts < 0).tolist()]
+        what = f"entity {bad[0]!r}" if len(bad) == 1 else f"entities {show_values(bad)}"
+        raise UnknownNameError(f"unknown {what} (not among the {etype!r} names of {store.path})")
     return tables.bases(etype)[parts] + offsets
 
 

@@ -22,9 +22,8 @@ partitions, block by block, so memory stays bounded on large graphs.
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -35,15 +34,18 @@ from torch import Tensor
 from bigembed.checkpoints import EntityTables, TrainedModel
 from bigembed.errors import InputError
 from bigembed.ranking import KnownEdges, direction, pair_scores
-from bigembed.serving.errors import QueryError, UnknownNameError, check_k, check_name
+from bigembed.serving.errors import QueryError, UnknownNameError, broadcast, check_k, check_name
+from bigembed.serving.exclusions import exclusions, known_edges
 from bigembed.serving.ids import ids_to_names, names_to_ids
-from bigembed.serving.nearest import faiss_available
-from bigembed.serving.search import exact_top_k, faiss_top_k, similarity
+from bigembed.serving.search import exact_top_k
+from bigembed.serving.similar import (
+    METRICS,
+    as_names,
+    as_vectors,
+    similar_to_names,
+    similar_to_vectors,
+)
 from bigembed.storage import EntityStore
-
-logger = logging.getLogger(__name__)
-
-METRICS = ("cos", "dot", "l2")
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class EmbeddingModel:
         """
         if side not in ("lhs", "rhs", "both"):
             raise QueryError(f"side must be 'lhs', 'rhs' or 'both', not {side!r}")
-        lhs_l, rel_l, rhs_l = _broadcast(lhs, rel, rhs)
+        lhs_l, rel_l, rhs_l = broadcast(lhs, rel, rhs)
         rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
         sides = (
             ("rhs",)
@@ -173,7 +175,8 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
-        exclude_self: bool = False,
+        include_self: bool = False,
+        exclude_self: bool | None = None,
     ) -> list[Prediction]: ...
 
     @overload
@@ -185,7 +188,8 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
-        exclude_self: bool = False,
+        include_self: bool = False,
+        exclude_self: bool | None = None,
     ) -> list[list[Prediction]]: ...
 
     @torch.no_grad()
@@ -197,15 +201,20 @@ class EmbeddingModel:
         *,
         side: str = "rhs",
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
-        exclude_self: bool = False,
+        include_self: bool = False,
+        exclude_self: bool | None = None,
     ) -> list[Prediction] | list[list[Prediction]]:
         """The ``k`` best completions of ``(entity, rel, ?)`` (``side="rhs"``, the default) or
         of ``(?, rel, entity)`` (``side="lhs"``), against every entity of the type.
 
         ``filtered``: leave out the completions that are known true edges: ``True`` uses the
-        config's edge paths, or give edge paths / edge files. ``exclude_self``: never answer
-        the given entity itself (relations within one entity type). One query (a name) gives
-        a list of :class:`Prediction`; a list of names gives one such list per name.
+        config's edge paths, or give edge paths / edge files. On a relation within one entity
+        type (follows, knows) the given entity itself is never an answer unless
+        ``include_self=True`` (``exclude_self=False`` says the same; ``exclude_self=True``, the
+        default now, is still accepted). One query (a name) gives a list of
+        :class:`Prediction`; a list of names gives one such list per name. Excluded and
+        filtered candidates are left out, so fewer than ``k`` come back when ``k`` exceeds
+        what is left.
 
         >>> [p.name for p in model.predict("paris", "capital_of", k=1)]
         ['france']
@@ -213,10 +222,13 @@ class EmbeddingModel:
         if side not in ("lhs", "rhs"):
             raise QueryError(f"side must be 'lhs' or 'rhs', not {side!r}")
         k = check_k(k)
+        if exclude_self and include_self:
+            raise QueryError("include_self and exclude_self contradict each other; give one")
+        leave_out_self = not include_self if exclude_self is None else exclude_self
         single = isinstance(entity, str)
-        given_l, rel_l, _ = _broadcast(entity, rel, "")
+        given_l, rel_l, _ = broadcast(entity, rel, "")
         rel_ids = np.array([self._relation_id(r) for r in rel_l], dtype=np.int64)
-        known = self._known_edges(filtered)
+        known = known_edges(self.trained, self.store.path, filtered, self._known)
         results: list[list[Prediction]] = [[] for _ in given_l]
         for ridx, rows in self._by_relation(rel_ids):
             d = direction(self.model, side, ridx)
@@ -224,19 +236,8 @@ class EmbeddingModel:
             anchors = d.anchors(
                 self.tables.gather(d.source_type, given), torch.from_numpy(rel_ids[rows])
             )
-            exclude: tuple[np.ndarray, np.ndarray] | None = None
-            if known is not None:
-                exclude = (
-                    known.true_tails(given, rel_ids[rows])
-                    if side == "rhs"
-                    else known.true_heads(given, rel_ids[rows])
-                )
-            if exclude_self and d.source_type == d.target_type:
-                own_rows, own_ids = np.arange(len(given)), np.asarray(given, np.int64)
-                if exclude is not None:
-                    own_rows = np.concatenate([exclude[0], own_rows])
-                    own_ids = np.concatenate([exclude[1], own_ids])
-                exclude = (own_rows, own_ids)
+            same_type = d.source_type == d.target_type
+            exclude = exclusions(known, given, rel_ids[rows], side, leave_out_self and same_type)
             top = exact_top_k(
                 self.tables, anchors, d.target_type, k, d.candidates, self._pairwise, exclude
             )
@@ -245,8 +246,9 @@ class EmbeddingModel:
         return results[0] if single else results
 
     # ------------------------------------------------------------------ nearest neighbours
-    @torch.no_grad()
-    def similar(
+    # As for predict, a str is also a Sequence[str]; the str overload, first, applies.
+    @overload
+    def similar(  # type: ignore[overload-overlap]
         self,
         name: str,
         k: int = 10,
@@ -255,42 +257,72 @@ class EmbeddingModel:
         metric: str = "cos",
         use_faiss: bool = False,
         include_self: bool = False,
-    ) -> list[Prediction]:
-        """The ``k`` entities of the same type whose vectors are closest to ``name``'s.
+    ) -> list[Prediction]: ...
+
+    @overload
+    def similar(
+        self,
+        name: Sequence[str],
+        k: int = 10,
+        *,
+        type: str | None = None,
+        metric: str = "cos",
+        use_faiss: bool = False,
+        include_self: bool = False,
+    ) -> list[list[Prediction]]: ...
+
+    @overload
+    def similar(
+        self,
+        name: np.ndarray | Tensor,
+        k: int = 10,
+        *,
+        type: str | None = None,
+        metric: str = "cos",
+        use_faiss: bool = False,
+        include_self: bool = False,
+    ) -> list[Prediction] | list[list[Prediction]]: ...
+
+    @torch.no_grad()
+    def similar(
+        self,
+        name: str | Sequence[str] | np.ndarray | Tensor,
+        k: int = 10,
+        *,
+        type: str | None = None,
+        metric: str = "cos",
+        use_faiss: bool = False,
+        include_self: bool = False,
+    ) -> list[Prediction] | list[list[Prediction]]:
+        """The ``k`` entities closest to ``name``: an entity name, a list of names (one answer
+        each, a list of lists) or a vector (a numpy array or torch tensor of the embedding
+        dimension, e.g. a :meth:`vector` or a mean of them; a 2-D array gives one answer per
+        row). A vector is compared with the entities of ``type`` (needed only when the model
+        has several types) in the space :meth:`vector` answers in.
 
         ``metric``: "cos" (cosine similarity), "dot" (inner product) or "l2" (score = minus the
-        Euclidean distance). The entity itself is left out unless ``include_self`` (then it
-        comes first for "cos" and "l2").
+        Euclidean distance). A named entity itself is left out of its answer unless
+        ``include_self`` (then it comes first for "cos" and "l2").
         Exact search, chunked over partitions; ``use_faiss=True`` uses FAISS for each block
         when it is installed (and falls back to the exact torch search, with a warning, when
         it is not).
 
         >>> [p.name for p in model.similar("paris", k=3)]
         ['lyon', 'marseille', 'nice']
+        >>> [[p.name for p in ps] for ps in model.similar(["paris", "rome"], k=1)]
+        [['lyon'], ['milan']]
+        >>> model.similar(model.vectors(["paris", "rome"]).mean(0), k=2)
         """
         if metric not in METRICS:
             raise QueryError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
         k = check_k(k)
-        etype = self._type_of(check_name(name), type)
-
-        def prep(x: Tensor) -> Tensor:
-            x = self.tables.adjusted(etype, x)
-            return torch.nn.functional.normalize(x, dim=-1) if metric == "cos" else x
-
-        ids = self._ids(etype, [name])
-        query = prep(self.tables.gather(etype, ids))
-        if use_faiss and not faiss_available():
-            logger.warning("FAISS is not installed; using the exact torch search")
-            use_faiss = False
-        want = k if include_self else k + 1  # one more, then drop the query entity
-        if use_faiss:
-            kind = "l2" if metric == "l2" else "dot"
-            best = faiss_top_k(self.tables, query, etype, want, prep, kind)[0]
-        else:
-            best = exact_top_k(self.tables, query, etype, want, prep, similarity(metric), None)[0]
-        if not include_self:
-            best = [(i, s) for i, s in best if i != int(ids[0])][:k]
-        return self._predictions(etype, best)
+        vectors = as_vectors(name)
+        if vectors is not None:
+            found = similar_to_vectors(self, vectors, k, type, metric, use_faiss)
+            return found[0] if np.ndim(name) == 1 else found
+        names = [name] if isinstance(name, str) else as_names(name)
+        found = similar_to_names(self, names, k, type, metric, use_faiss, include_self)
+        return found[0] if isinstance(name, str) else found
 
     # ------------------------------------------------------------------ search helpers
     def _pairwise(self, anchors: Tensor, candidates: Tensor) -> Tensor:
@@ -362,38 +394,3 @@ class EmbeddingModel:
             return
         for ridx in np.unique(rel_ids).tolist():
             yield ridx, np.flatnonzero(rel_ids == ridx)
-
-    def _known_edges(self, filtered) -> KnownEdges | None:
-        if filtered is False or filtered is None:
-            return None
-        paths = (
-            tuple(self.config.edge_paths) if filtered is True else tuple(str(p) for p in filtered)
-        )
-        if paths not in self._known:
-            from bigembed.eval import EdgeLoader
-            from bigembed.ranking import EvalEdges
-
-            loader = EdgeLoader(self.trained, entity_path=self.store.path)
-            edges = EvalEdges.concat([loader.load(p).edges for p in paths])
-            self._known[paths] = KnownEdges(
-                edges.lhs, edges.rel, edges.rhs, self.model.num_relations
-            )
-        return self._known[paths]
-
-
-def _broadcast(*values) -> list[list]:
-    """Lists of equal length from single values and sequences."""
-    lists = [
-        [v] if isinstance(v, (str, bytes)) or not isinstance(v, Iterable) else list(v)
-        for v in values
-    ]
-    n = max(len(v) for v in lists)
-    out = []
-    for v in lists:
-        if len(v) == 1:
-            v = v * n
-        elif len(v) != n:
-            lengths = ", ".join(str(len(x)) for x in lists)
-            raise ValueError(f"got sequences of different lengths ({lengths})")
-        out.append(v)
-    return out
