@@ -64,7 +64,7 @@ def test_help_lists_every_command_in_registry_order() -> None:
     listed = [a.dest for a in build_parser()._subparsers._group_actions[0]._choices_actions]  # type: ignore[union-attr]
     assert [c for c in listed if c in COMMANDS] == list(COMMANDS.names)
     assert listed == [
-        "demo", "split", "import", "config", "train", "tune", "eval", "export",
+        "demo", "datasets", "init", "split", "import", "config", "train", "tune", "eval", "export",
         "predict", "similar", "convert", "remap", "plot", "launch", "partition-server",
         "build-kernels",
     ]  # fmt: skip
