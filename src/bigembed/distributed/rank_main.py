@@ -25,7 +25,7 @@ from bigembed.distributed.context import DistContext
 from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import BigembedError, PeerError
-from bigembed.train import TrainResult
+from bigembed.train import TrainResult, training_locks
 
 T = TypeVar("T")
 
@@ -79,9 +79,6 @@ def train_distributed(
 
     ``report`` receives rank 0's per-step summary lines (the command prints them).
     """
-    from bigembed.distributed.data_parallel import DataParallelTrainer
-    from bigembed.distributed.trainer import DistributedTrainer
-
     RankLayout.of(cfg).check_trainer_rank(rank)
     parts = max((e.num_partitions for e in cfg.entities.values()), default=1)
     busy = max(1, parts // 2)
@@ -95,6 +92,22 @@ def train_distributed(
             parts,
             busy,
         )
+    # rank 0 writes the checkpoint for the whole launch: it alone holds it (the other ranks
+    # of the launch write their shares under its hold); every rank reads the stores
+    with training_locks(cfg, writes=rank == 0):
+        return _train_ranks(cfg, rank, progress, report, data_parallel)
+
+
+def _train_ranks(
+    cfg: ConfigSchema,
+    rank: int,
+    progress: bool,
+    report: Callable[[str], None] | None,
+    data_parallel: bool,
+) -> TrainResult:
+    from bigembed.distributed.data_parallel import DataParallelTrainer
+    from bigembed.distributed.trainer import DistributedTrainer
+
     ctx, uninstall = open_context(cfg, rank, "train")
     share_cores(ctx)
 

@@ -31,6 +31,7 @@ from bigembed.train import (
     Trainer,
     TrainingObserver,
     TrainResult,
+    training_locks,
 )
 
 logger = logging.getLogger(__name__)
@@ -216,7 +217,22 @@ def train_model(
     on_evaluation: OnEvaluation | None = None,
 ) -> TrainResult:
     """Train as the config says, with early stopping when it has an ``early_stopping``
-    section (otherwise exactly :func:`bigembed.train.single_machine.train`)."""
+    section (otherwise exactly :func:`bigembed.train.single_machine.train`). The checkpoint is
+    held for the whole run, early stopping's evaluations included (``training_locks``)."""
+    with training_locks(cfg):
+        return _train_model(
+            cfg, progress=progress, report=report, observers=observers, on_evaluation=on_evaluation
+        )
+
+
+def _train_model(
+    cfg: ConfigSchema,
+    *,
+    progress: bool,
+    report: Callable[[str], None] | None,
+    observers: Sequence[TrainingObserver],
+    on_evaluation: OnEvaluation | None,
+) -> TrainResult:
     if cfg.early_stopping is not None and not Path(cfg.early_stopping.valid_path).exists():
         raise InputError(
             f"early_stopping.valid_path: {cfg.early_stopping.valid_path}: no such edge path or "

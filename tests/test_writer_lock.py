@@ -1,0 +1,149 @@
+"""One writer per directory (bigembed.writer_lock): the lock module in one process.
+
+Another process's hold is stood in for by a second open of the lock file (flock conflicts
+between open files, also within one process) with that process's record in it. The real
+processes are in tests/test_concurrent_writers.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from bigembed import writer_lock
+from bigembed.output_paths import _start_time
+from bigembed.writer_lock import WriterLockError, hold, holders, lock_file
+
+
+def _other_record(**changes: object) -> dict[str, object]:
+    """A record of a live process other than this one (our parent: pytest's launcher)."""
+    rec: dict[str, object] = {
+        "written_by": "bigembed",
+        "what": "training",
+        "mode": "write",
+        "pid": os.getppid(),
+        "host": socket.gethostname(),
+        "boot_id": None,
+        "start_time": _start_time(os.getppid()),
+        "started": "2026-11-28T09:00:00+00:00",
+        "command": "bigembed train people.yaml",
+    }
+    rec.update(changes)
+    return rec
+
+
+def _enter(target: Path, what: str, *, shared: bool = False) -> None:
+    with hold(target, what, shared=shared):
+        pass
+
+
+@contextmanager
+def held_elsewhere(target: Path, *, shared: bool = False, **changes: object) -> Iterator[None]:
+    path = lock_file(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        rec = _other_record(mode="read" if shared else "write", **changes)
+        os.write(fd, (json.dumps(rec) + "\n").encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_a_hold_writes_its_record_beside_the_target_and_removes_it(tmp_path: Path) -> None:
+    target = tmp_path / "ck"
+    with hold(target, "training"):
+        path = tmp_path / ".ck.bigembed-lock"
+        assert lock_file(target) == path
+        (rec,) = holders(target)
+        assert rec["pid"] == os.getpid() and rec["what"] == "training"
+        assert rec["mode"] == "write" and rec["host"] == socket.gethostname()
+        assert not target.exists()  # the lock creates nothing but its own file
+    assert not path.exists()
+
+
+def test_a_second_writer_is_refused_in_one_line_naming_the_holder(tmp_path: Path) -> None:
+    target = tmp_path / "ck"
+    with held_elsewhere(target), pytest.raises(WriterLockError) as err:
+        _enter(target, "training")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{target}: being written by training: bigembed train people.yaml")
+    assert f"pid {os.getppid()} on {socket.gethostname()}" in msg
+    assert "started 2026-11-28T09:00:00+00:00" in msg
+
+
+def test_a_dead_holders_lock_is_taken_over(tmp_path: Path) -> None:
+    """A process that died left its file and record; the kernel dropped its flock."""
+    target = tmp_path / "ck"
+    stale = _other_record(pid=os.getpid(), start_time="1")  # our pid, another start: reused
+    lock_file(target).write_text(json.dumps(stale) + "\n")
+    assert holders(target) == []
+    with hold(target, "export"):
+        (rec,) = holders(target)
+        assert rec["what"] == "export" and rec["start_time"] == _start_time(os.getpid())
+    assert not lock_file(target).exists()
+
+
+def test_readers_share_and_exclude_writers(tmp_path: Path) -> None:
+    store = tmp_path / "entities"
+    with held_elsewhere(store, shared=True):
+        with hold(store, "training", shared=True):  # two readers at once
+            assert len(holders(store)) == 2
+        assert lock_file(store).exists()  # the other reader still holds it: not removed
+        with pytest.raises(WriterLockError, match=r"entities: read by training: bigembed train"):
+            _enter(store, "import")
+    with held_elsewhere(store), pytest.raises(WriterLockError, match="wait until it ends to read"):
+        _enter(store, "training", shared=True)
+
+
+def test_holds_are_reentrant_within_a_process(tmp_path: Path) -> None:
+    target = tmp_path / "ck"
+    with hold(target, "training"):
+        _enter(target, "training")
+        assert lock_file(target).exists()  # the outer hold still holds it
+        assert len(holders(target)) == 1
+    assert not lock_file(target).exists()
+    with hold(target, "training", shared=True), pytest.raises(WriterLockError, match="reads it"):
+        _enter(target, "training")
+
+
+def test_two_names_of_one_directory_share_one_lock(tmp_path: Path) -> None:
+    real = tmp_path / "ck"
+    real.mkdir()
+    (tmp_path / "alias").symlink_to(real)
+    with held_elsewhere(real), pytest.raises(WriterLockError):
+        _enter(tmp_path / "alias", "training")
+
+
+def test_a_writer_that_cannot_create_its_lock_file_says_so(tmp_path: Path) -> None:
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a directory\n")
+    with pytest.raises(WriterLockError, match=r"a_file/out: cannot create its lock file .*"):
+        _enter(blocked / "out", "export")
+    with hold(blocked / "store", "training", shared=True):  # a reader goes unlocked
+        pass
+
+
+def test_without_flock_the_records_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(writer_lock.fcntl, "flock", no_flock)
+    target = tmp_path / "ck"
+    lock_file(target).write_text(json.dumps(_other_record()) + "\n")  # a live writer
+    with pytest.raises(WriterLockError, match="being written by training"):
+        _enter(target, "training")
+    lock_file(target).write_text(json.dumps(_other_record(start_time="1")) + "\n")  # dead
+    with hold(target, "training"):
+        assert [r["pid"] for r in holders(target)] == [os.getpid()]
+    assert not lock_file(target).exists()
