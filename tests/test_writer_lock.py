@@ -117,6 +117,17 @@ def test_holds_are_reentrant_within_a_process(tmp_path: Path) -> None:
         _enter(target, "training")
 
 
+def test_directories_made_for_the_lock_file_are_removed_with_it(tmp_path: Path) -> None:
+    """A refused or finished run leaves no empty directory behind (nothing written)."""
+    target = tmp_path / "new" / "deeper" / "ck"
+    with hold(target, "training"):
+        assert lock_file(target).parent == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()
+    with hold(target, "training"):
+        target.mkdir()  # the run wrote its output: the directories stay
+    assert target.is_dir() and not lock_file(target).exists()
+
+
 def test_two_names_of_one_directory_share_one_lock(tmp_path: Path) -> None:
     real = tmp_path / "ck"
     real.mkdir()
@@ -125,13 +136,36 @@ def test_two_names_of_one_directory_share_one_lock(tmp_path: Path) -> None:
         _enter(tmp_path / "alias", "training")
 
 
-def test_a_writer_that_cannot_create_its_lock_file_says_so(tmp_path: Path) -> None:
+def test_where_no_lock_file_can_be_made_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output that cannot be written goes unlocked (its own write fails with the command's
+    message); an existing directory in an unwritable parent is locked inside."""
     blocked = tmp_path / "a_file"
     blocked.write_text("not a directory\n")
-    with pytest.raises(WriterLockError, match=r"a_file/out: cannot create its lock file .*"):
-        _enter(blocked / "out", "export")
-    with hold(blocked / "store", "training", shared=True):  # a reader goes unlocked
-        pass
+    _enter(blocked / "out", "export")
+    _enter(blocked / "store", "training", shared=True)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    real_open = writer_lock._open
+
+    def no_sibling(path: Path) -> int:
+        if path.parent == tmp_path:
+            raise writer_lock._NoLockFile(f"{path} (Permission denied)")
+        return real_open(path)
+
+    monkeypatch.setattr(writer_lock, "_open", no_sibling)
+    with hold(ck, "training"):
+        fd = os.open(ck / ".bigembed-lock", os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):  # another process could not take it
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert not (ck / ".bigembed-lock").exists()
+    monkeypatch.setattr(writer_lock, "_open", lambda path: no_sibling(tmp_path / "x"))
+    with pytest.raises(WriterLockError, match=r"ck: cannot write its lock file .*Permission"):
+        _enter(ck, "training")
 
 
 def test_without_flock_the_records_decide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

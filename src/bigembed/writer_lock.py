@@ -17,6 +17,10 @@ Mechanism:
 * The lock file holds the holders' records, one JSON line each (an exclusive holder's only).
   The last holder removes the file when it lets go (while holding it exclusively); an acquirer
   checks after locking that the path still names the file it locked, and retries otherwise.
+* Where the lock file cannot be made beside the target, an existing directory is locked by
+  ``.bigembed-lock`` inside it (a checkpoint made for the user in a directory they may not
+  write); any other writer goes on unlocked, as its own write will fail with the command's
+  message (a read-only disk, a file where a directory belongs), and so does a reader.
 * Holds are re-entrant within a process (``train_model`` around ``Trainer.train``).
 * Where ``flock`` is not supported (``ENOLCK``, ``EOPNOTSUPP``), the records decide, as for
   import staging directories (:mod:`bigembed.output_paths`): a record of a live process on this
@@ -54,6 +58,7 @@ __all__ = ["LOCK_SUFFIX", "WriterLockError", "hold", "holders", "lock_file"]
 logger = logging.getLogger(__name__)
 
 LOCK_SUFFIX = ".bigembed-lock"
+INSIDE = ".bigembed-lock"  # the lock file inside a directory whose parent is not writable
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 COMMAND_CHARS = 160  # the holder's command line in a refusal is cut to this
 
@@ -159,6 +164,7 @@ class _Held:
     flock: bool
     count: int = 1
     record: dict[str, Any] = field(default_factory=dict)
+    made: list[Path] = field(default_factory=list)  # directories created for the lock file
 
 
 _HELD: dict[Path, _Held] = {}
@@ -174,46 +180,96 @@ def _same_file(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (now.st_dev, now.st_ino)
 
 
-def _open(path: Path, target: Path, shared: bool) -> int | None:
-    """Open (creating) the lock file; None for a reader that cannot (it goes unlocked)."""
+class _NoLockFile(Exception):
+    """The lock file cannot be created where it belongs."""
+
+
+def _open(path: Path) -> int:
+    """Open (creating) the lock file, or :class:`_NoLockFile`."""
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        if shared:
-            logger.debug("%s: no read lock (%s)", target, exc.strerror or exc)
-            return None
-        if exc.errno == errno.ENOENT and not path.parent.exists():
-            raise WriterLockError(f"{target}: no such directory {path.parent}") from None
-        raise WriterLockError(
-            f"{target}: cannot create its lock file {path} ({exc.strerror or exc})"
-        ) from None
+        reason = "read-only file system" if exc.errno == errno.EROFS else exc.strerror or exc
+        raise _NoLockFile(f"{path} ({reason})") from None
 
 
 def _write_record(fd: int, rec: dict[str, Any], shared: bool) -> None:
+    """Add (shared) or write (exclusive) this holder's record. The flock is the lock, the
+    record only names the holder: a failed write (a full disk) is no reason to stop."""
     line = (json.dumps(rec) + "\n").encode()
-    if shared:
-        os.lseek(fd, 0, os.SEEK_END)
-    else:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, line)
+    try:
+        if shared:
+            os.lseek(fd, 0, os.SEEK_END)
+        else:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, line)
+    except OSError as exc:
+        logger.debug("lock record not written (%s)", exc.strerror or exc)
+
+
+def _make_parents(path: Path) -> list[Path]:
+    """Create the missing directories above the lock file; returns them, deepest first."""
+    missing = []
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            pass
+        except OSError:
+            break  # the lock file's open says why
+    return missing
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the directories :func:`_make_parents` created that stayed empty."""
+    for directory in made:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 def _acquire(target: Path, what: str, shared: bool) -> _Held | None:
+    """Lock ``target`` beside it; None where no lock file can be made there and none is
+    needed: a reader, or a writer whose output cannot be written either (its own write then
+    fails with the command's usual message). An existing directory in a directory this
+    process may not write to (a checkpoint made for the user) is locked inside instead."""
     path = lock_file(target)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(path)
+    try:
+        held = _acquire_at(path, target, what, shared)
+    except _NoLockFile as exc:
+        _remove_made(made)
+        real = Path(os.path.realpath(target))
+        if shared or not real.is_dir():
+            logger.debug("%s: not locked, cannot write %s", target, exc)
+            return None
+        try:
+            return _acquire_at(real / INSIDE, target, what, shared)
+        except _NoLockFile as inner:
+            raise WriterLockError(f"{target}: cannot write its lock file {inner}") from None
+    except BaseException:
+        _remove_made(made)
+        raise
+    held.made = made
+    return held
+
+
+def _acquire_at(path: Path, target: Path, what: str, shared: bool) -> _Held:
     rec = _record(what, shared)
     mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
     for _ in range(100):
-        fd = _open(path, target, shared)
-        if fd is None:
-            return None
+        fd = _open(path)
         try:
             fcntl.flock(fd, mode)
         except BlockingIOError:
             os.close(fd)
-            raise _refusal(target, _wait_for_records(target), shared) from None
+            raise _refusal(target, _wait_for_records(path), shared) from None
         except OSError as exc:
             if exc.errno not in NO_FLOCK:
                 os.close(fd)
@@ -234,10 +290,10 @@ def _acquire(target: Path, what: str, shared: bool) -> _Held | None:
     raise WriterLockError(f"{target}: its lock file {path} keeps changing; try again")
 
 
-def _wait_for_records(target: Path) -> list[dict[str, Any]]:
+def _wait_for_records(path: Path) -> list[dict[str, Any]]:
     """The holders' records; a holder that has just locked may not have written its own yet."""
     for _ in range(20):
-        recs = holders(target)
+        recs = _records(path)
         if recs:
             return recs
         time.sleep(0.05)
@@ -248,7 +304,7 @@ def _acquire_by_records(
     fd: int, path: Path, target: Path, rec: dict[str, Any], shared: bool
 ) -> _Held:
     """No flock here: refuse when a live record conflicts, else add (or write) ours."""
-    live = [r for r in holders(target) if r.get("pid") != os.getpid()]
+    live = [r for r in _records(path) if r.get("pid") != os.getpid()]
     conflict = [r for r in live if not (shared and r.get("mode") == "read")]
     if conflict:
         os.close(fd)
@@ -277,6 +333,7 @@ def _release(held: _Held) -> None:
                 held.path.unlink()
     finally:
         os.close(fd)
+        _remove_made(held.made)
 
 
 @contextlib.contextmanager
