@@ -181,3 +181,37 @@ def test_without_flock_the_records_decide(tmp_path: Path, monkeypatch: pytest.Mo
     with hold(target, "training"):
         assert [r["pid"] for r in holders(target)] == [os.getpid()]
     assert not lock_file(target).exists()
+
+
+# ---------------------------------------------------------------------- readers
+
+
+def test_a_load_that_a_commit_overtakes_starts_again_from_the_new_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training commits (and deletes the files of the version a reader has just read) between
+    the reader's version read and its opening of the files: the load starts again."""
+    from bigembed.checkpoints import CheckpointStore, load_trained
+    from bigembed.checkpoints import reading as reading_module
+    from bigembed.cli import main as cli_main
+    from support.graphs import graph_config, save_config, write_graph
+
+    write_graph(tmp_path, num_entities=50, num_edges=200)
+    cfg = graph_config(tmp_path, num_epochs=1)
+    assert cli_main(["train", "--no-progress", str(save_config(tmp_path, cfg))]) == 0
+    store = CheckpointStore(cfg.checkpoint_path)
+    for old in store.files_of(1):  # version 2: the same files under the next version's names
+        os.link(old, old.with_name(old.name.replace(".v1.", ".v2.")))
+    real_open = reading_module._open_embeddings
+    overtaken: list[int] = []
+
+    def commit_first(store: CheckpointStore, version: int, keys: list) -> dict:
+        if not overtaken:
+            overtaken.append(version)
+            store.commit(2)  # the version file says 2, the files of 1 are gone
+        return real_open(store, version, keys)
+
+    monkeypatch.setattr(reading_module, "_open_embeddings", commit_first)
+    trained = load_trained(cfg.checkpoint_path)
+    assert overtaken == [1] and trained.version == 2
+    assert trained.embeddings("node", 0).shape == (50, 16)
