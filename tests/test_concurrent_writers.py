@@ -161,7 +161,9 @@ def holder(tmp_path: Path) -> Iterator[Path]:
         proc.wait()
 
 
-@pytest.mark.parametrize("command", ["export", "eval", "tune", "convert", "import", "train"])
+@pytest.mark.parametrize(
+    "command", ["export", "eval", "tune", "convert", "import", "train", "train --rank 0"]
+)
 def test_every_writing_command_is_refused_while_its_output_is_held(
     command: str, trained: tuple[ConfigSchema, Path], holder: Path, capsys
 ) -> None:
@@ -174,12 +176,26 @@ def test_every_writing_command_is_refused_while_its_output_is_held(
         "convert": ["convert", "to-pbg", ck, "-", out, str(holder.parent / "pbg_entities")],
         "import": ["import", str(config), "-p", f"entity_path={out}", "/nonexistent.tsv"],
         "train": ["train", str(config), "-p", f"checkpoint_path={out}", "--no-progress"],
+        "train --rank 0": [  # refused before it opens the rendezvous
+            "train",
+            str(config),
+            "--rank",
+            "0",
+            "-p",
+            f"checkpoint_path={out}",
+            "-p",
+            "num_machines=2",
+            "-p",
+            "distributed_init_method=tcp://127.0.0.1:9",
+            "--no-progress",
+        ],
     }[command]
     capsys.readouterr()
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert err.startswith(f"bigembed {command}: error: {out}: being written by training: "), err
+    name = command.split()[0]
+    assert err.startswith(f"bigembed {name}: error: {out}: being written by training: "), err
     assert not holder.exists() and not (holder.parent / "pbg_entities").exists()
 
 
