@@ -8,6 +8,7 @@ demo is also a smoke test of a real installation. Re-running it reuses what is a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.config import load_config
     from bigembed.importing import ImportOptions, run_import
     from bigembed.train import train
+    from bigembed.writer_lock import hold
 
     work = Path(args.workdir).resolve()
     if args.fresh and work.exists():
@@ -68,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("   already imported; reusing it (use --fresh to start over)")
     else:
-        summary = run_import(
-            import_cfg,
-            ImportOptions(inputs=[files[s] for s in files], force=True, progress=progress),
-        )
+        with contextlib.ExitStack() as held:  # one writer per store (bigembed.writer_lock)
+            for store in [import_cfg.entity_path, *import_cfg.edge_paths]:
+                held.enter_context(hold(store, "import"))
+            summary = run_import(
+                import_cfg,
+                ImportOptions(inputs=[files[s] for s in files], force=True, progress=progress),
+            )
         print(summary.format())
 
     print(f"\n== 2/3 Train ({config_path.name}: ComplEx, dynamic relations, softmax loss)")
