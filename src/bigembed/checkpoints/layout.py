@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -131,6 +132,26 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
             f"the file holds {size - data_start:,} bytes of data"
         )
     return tuple(int(d) for d in shape), dtype
+
+
+def map_npy(f: BinaryIO, path: Path, *, writable: bool = False) -> np.ndarray:
+    """Memory-map the ``.npy`` file open as ``f`` (``path`` names it in errors): read-only, or
+    copy-on-write when ``writable``. Mapping an open file rather than a name keeps a reader on
+    the version it opened even when a training's commit has since removed the name."""
+    try:
+        f.seek(0)
+        major, _minor = np.lib.format.read_magic(f)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if major == 1
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read_header(f)
+        return np.memmap(
+            f, dtype, "c" if writable else "r", f.tell(), shape, "F" if fortran else "C"
+        )
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
 
 
 def write_error(path: Path, exc: OSError) -> CheckpointError:

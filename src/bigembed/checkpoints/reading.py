@@ -7,20 +7,28 @@ files it describes, builds the model and turns every way a checkpoint can be bro
 checkpoint, so opening a model over billions of entities costs nothing until rows are used.
 :func:`open_entity_store` opens the entity names that go with a model and checks that they line
 up with its embedding rows; :mod:`bigembed.checkpoints.tables` caches the embedding tables.
+
+A reader never takes a lock, and a training may commit (and delete the files of the version a
+reader opened) at any moment. So :func:`load_trained` opens every embedding file of the version
+it read at once and maps the open files later, never the names; a commit between reading the
+version number and opening the files shows as a missing file while the version has moved on,
+and the load starts again from the new version. A model once loaded keeps reading its version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
 from bigembed.checkpoints.compatibility import state_mismatch
-from bigembed.checkpoints.layout import BEST_DIR, BEST_FILE, npy_header
+from bigembed.checkpoints.layout import BEST_DIR, BEST_FILE, map_npy, npy_header
 from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, check_same_import
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema, model_spec, parse_config_dict
@@ -29,6 +37,7 @@ from bigembed.model import ScoringModel
 from bigembed.storage import EntityStore
 
 VERSIONS = ("latest", "best")
+LOAD_ATTEMPTS = 20  # loads started again because a training committed meanwhile
 
 
 def checkpoint_dir(path: str | os.PathLike[str], version: str = "latest") -> Path:
@@ -57,6 +66,8 @@ class TrainedModel:
     config: ConfigSchema
     model: ScoringModel
     metadata: CheckpointMetadata
+    # the embedding files of this version, open since the load (see the module docstring)
+    files: dict[tuple[str, int], BinaryIO] = field(default_factory=dict, repr=False)
 
     @property
     def entity_counts(self) -> PartitionCounts:
@@ -107,12 +118,16 @@ class TrainedModel:
         """One partition's stored embeddings as a memory map (read-only unless ``writable``,
         which maps copy-on-write), checked against the metadata's (count, dimension)."""
         path = self.store.embeddings_path(entity_type, part, self.version)
-        try:
-            array = np.load(path, mmap_mode="c" if writable else "r", allow_pickle=False)
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
+        opened = self.files.get((entity_type, part))
+        if opened is not None:
+            array = map_npy(opened, path, writable=writable)
+        else:
+            try:
+                array = np.load(path, mmap_mode="c" if writable else "r", allow_pickle=False)
+            except FileNotFoundError:
+                raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
+            except (OSError, ValueError) as exc:
+                raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
         count = self.entity_counts.get((entity_type, part))
         dim = self.config.entity_dimension(entity_type)
         if array.ndim != 2 or array.shape[1] != dim or (count is not None and len(array) != count):
@@ -144,8 +159,17 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
     naming it instead of trying to allocate terabytes. Any other failure to read is a
     CheckpointError naming ``path``.
     """
+    store = CheckpointStore(path)
     try:
-        return _load_trained(CheckpointStore(path))
+        for _ in range(LOAD_ATTEMPTS - 1):
+            version = store.open_for_reading()
+            try:
+                return _load_trained(store, version)
+            except CheckpointError:
+                if store.committed_version() == version:
+                    raise
+                # a training committed meanwhile and removed this version's files: again
+        return _load_trained(store, store.open_for_reading())
     except BigembedError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -154,11 +178,13 @@ def load_trained(path: str | os.PathLike[str]) -> TrainedModel:
         ) from None
 
 
-def _load_trained(store: CheckpointStore) -> TrainedModel:
-    version = store.open_for_reading()
+def _load_trained(store: CheckpointStore, version: int) -> TrainedModel:
     meta = store.read_metadata(version)
     meta_path = store.metadata_path(version)
     config = parse_config_dict(meta.config, source=str(meta_path))
+    files = _open_embeddings(
+        store, version, [k for k in meta.entity_counts if k[0] in config.entities]
+    )
     for (etype, part), count in meta.entity_counts.items():
         if etype in config.entities:
             epath = store.embeddings_path(etype, part, version)
@@ -180,7 +206,27 @@ def _load_trained(store: CheckpointStore) -> TrainedModel:
         raise CheckpointError(f"{store.model_path(version)}: does not fit its config: {mismatch}")
     model.load_state_dict(payload["model"])
     model.eval()
-    return TrainedModel(store.path, version, config, model, meta)
+    return TrainedModel(store.path, version, config, model, meta, files)
+
+
+def _open_embeddings(
+    store: CheckpointStore, version: int, keys: list[tuple[str, int]]
+) -> dict[tuple[str, int], BinaryIO]:
+    """Open every embedding file of ``version`` now (a missing one: a CheckpointError)."""
+    files: dict[tuple[str, int], BinaryIO] = {}
+    try:
+        for etype, part in keys:
+            path = store.embeddings_path(etype, part, version)
+            try:
+                files[(etype, part)] = open(path, "rb")  # noqa: SIM115 (kept open: the model's)
+            except FileNotFoundError:
+                raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
+    except BaseException:
+        for f in files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        raise
+    return files
 
 
 def open_entity_store(

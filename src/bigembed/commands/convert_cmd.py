@@ -40,6 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bigembed.writer_lock import hold
+
+    what = f"convert {args.direction}"
+    with hold(args.out_checkpoint, what), hold(args.out_entity_path, what):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from bigembed.interop import from_pbg, to_pbg
 
     if args.direction == "from-pbg":

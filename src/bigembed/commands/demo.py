@@ -10,6 +10,7 @@ provably wrote there), never the rest of the work directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -56,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.config import load_config
     from bigembed.importing import ImportOptions, run_import
     from bigembed.train import train
+    from bigembed.writer_lock import hold
 
     work = Path(args.workdir).resolve()
     if args.fresh and (work / "model").exists():
-        start_over(work / "model")  # refuses a directory it cannot prove is a checkpoint
+        with hold(work / "model", "training"):  # not while another demo trains it
+            start_over(work / "model")  # refuses a directory it cannot prove is a checkpoint
     work.mkdir(parents=True, exist_ok=True)
     files = fb15k237_files()
     config_path = fb15k237_demo_config()
@@ -76,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
     ):
         print("   already imported; reusing it (use --fresh to start over)")
     else:
-        summary = run_import(
-            import_cfg,
-            ImportOptions(inputs=[files[s] for s in files], force=True, progress=progress),
-        )
+        with contextlib.ExitStack() as held:  # one writer per store (bigembed.writer_lock)
+            for store in [import_cfg.entity_path, *import_cfg.edge_paths]:
+                held.enter_context(hold(store, "import"))
+            summary = run_import(
+                import_cfg,
+                ImportOptions(inputs=[files[s] for s in files], force=True, progress=progress),
+            )
         print(summary.format())
 
     print(f"\n== 2/3 Train ({config_path.name}: ComplEx, dynamic relations, softmax loss)")

@@ -124,6 +124,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from bigembed.writer_lock import hold
+
+    writes = args.output and args.rank in (None, 0)  # rank 0 writes a distributed report
+    with hold(args.output, "eval") if writes else contextlib.nullcontext():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from bigembed.eval import evaluate_checkpoint
 
     cfg = config_from_args(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from bigembed.commands.versions import add_version_argument, checkpoint_of
 
@@ -29,7 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bigembed.export import export_checkpoint
+    from bigembed.writer_lock import hold
 
+    with hold(args.output, "export"):
+        return _run(args, export_checkpoint)
+
+
+def _run(args: argparse.Namespace, export_checkpoint: Any) -> int:
     manifest = export_checkpoint(
         checkpoint_of(args.checkpoint_dir, args, outputs=[args.output]),
         args.fmt,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from bigembed.commands.columns import FROM_CONFIG, add_column_arguments, configu
 from bigembed.config import add_config_arguments, config_from_args
 from bigembed.edgelists import FORMATS, ColumnSpec, TextOptions
 from bigembed.importing import ImportOptions, run_import
+from bigembed.writer_lock import hold
 
 DESCRIPTION = """\
 Import edge lists into the entity store (config entity_path) and one bucketed edge store per
@@ -116,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         buffer_edges=args.buffer_edges,
         run_edges=args.run_edges,
     )
-    summary = run_import(cfg, options)
+    with contextlib.ExitStack() as held:  # one writer per store (bigembed.writer_lock)
+        for store in dict.fromkeys([cfg.entity_path, *cfg.edge_paths]):
+            held.enter_context(hold(store, "import"))
+        summary = run_import(cfg, options)
     print(summary.format())
     return 0

@@ -76,5 +76,8 @@ def run(args: argparse.Namespace) -> int:
         format=args.input_format,
         force=args.force,
     )
-    print(split_edges(args.input, args.output, opts).format())
+    from bigembed.writer_lock import hold
+
+    with hold(args.output, "split"):
+        print(split_edges(args.input, args.output, opts).format())
     return 0

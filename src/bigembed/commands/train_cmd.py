@@ -56,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
                 "start a distributed run in a new checkpoint_path"
             )
         from bigembed.checkpoints import start_over
+        from bigembed.writer_lock import hold
 
-        if start_over(cfg.checkpoint_path):
-            print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
+        with hold(cfg.checkpoint_path, "training"):  # not while another run writes it
+            if start_over(cfg.checkpoint_path):
+                print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
     if args.rank == 0:  # once per run
         for line in held_out_warnings(cfg):
             logger.warning("%s", line)

@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bigembed.writer_lock import hold
+
+    with hold(args.output, "tune"):  # each trial also holds its own checkpoint
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import yaml
     from tqdm import tqdm
 

@@ -26,7 +26,7 @@ from bigembed.distributed.layout import RankLayout
 from bigembed.distributed.shared_stop import RankZeroStop
 from bigembed.distributed.signals import install_stop_signals
 from bigembed.errors import BigembedError, PeerError
-from bigembed.train import TrainResult
+from bigembed.train import TrainResult, training_locks
 
 T = TypeVar("T")
 
@@ -86,10 +86,6 @@ def train_distributed(
     has ``early_stopping``, ignored on the others); every trainer follows its verdicts
     (:mod:`bigembed.distributed.shared_stop`).
     """
-    from bigembed.distributed.data_parallel import DataParallelTrainer
-    from bigembed.distributed.shared_stop import SharedStop
-    from bigembed.distributed.trainer import DistributedTrainer
-
     RankLayout.of(cfg).check_trainer_rank(rank)
     parts = max((e.num_partitions for e in cfg.entities.values()), default=1)
     busy = max(1, parts // 2)
@@ -103,6 +99,24 @@ def train_distributed(
             parts,
             busy,
         )
+    # rank 0 writes the checkpoint for the whole launch: it alone holds it (the other ranks
+    # of the launch write their shares under its hold); every rank reads the stores
+    with training_locks(cfg, writes=rank == 0):
+        return _train_ranks(cfg, rank, progress, report, data_parallel, stop_rule)
+
+
+def _train_ranks(
+    cfg: ConfigSchema,
+    rank: int,
+    progress: bool,
+    report: Callable[[str], None] | None,
+    data_parallel: bool,
+    stop_rule: Callable[[int], RankZeroStop] | None,
+) -> TrainResult:
+    from bigembed.distributed.data_parallel import DataParallelTrainer
+    from bigembed.distributed.shared_stop import SharedStop
+    from bigembed.distributed.trainer import DistributedTrainer
+
     ctx, uninstall = open_context(cfg, rank, "train")
     share_cores(ctx)
 

@@ -31,6 +31,7 @@ from bigembed.train import (
     Trainer,
     TrainingObserver,
     TrainResult,
+    training_locks,
 )
 
 logger = logging.getLogger(__name__)
@@ -238,11 +239,13 @@ def train_model(
     rank: int | None = None,
 ) -> TrainResult:
     """Train as the config says, with early stopping when it has an ``early_stopping``
-    section (otherwise exactly :func:`bigembed.train.single_machine.train`).
+    section (otherwise exactly :func:`bigembed.train.single_machine.train`). The checkpoint is
+    held for the whole run, early stopping's evaluations included (``training_locks``).
 
     With ``num_machines > 1`` this process is trainer ``rank`` of the distributed run
-    (:func:`bigembed.distributed.train_distributed`; ``observers`` and ``on_evaluation`` are
-    for one machine only): rank 0 evaluates and decides, every trainer stops with it."""
+    (:func:`bigembed.distributed.train_distributed`, which takes the locks; ``observers`` and
+    ``on_evaluation`` are for one machine only): rank 0 evaluates and decides, every trainer
+    stops with it."""
     if cfg.num_machines > 1:
         if rank is None or observers or on_evaluation is not None:  # e.g. a tune trial
             raise ConfigError(
@@ -251,6 +254,20 @@ def train_model(
             )
         return _train_distributed(cfg, rank, progress, report)
     check_valid_path(cfg)
+    with training_locks(cfg):
+        return _train_model(
+            cfg, progress=progress, report=report, observers=observers, on_evaluation=on_evaluation
+        )
+
+
+def _train_model(
+    cfg: ConfigSchema,
+    *,
+    progress: bool,
+    report: Callable[[str], None] | None,
+    observers: Sequence[TrainingObserver],
+    on_evaluation: OnEvaluation | None,
+) -> TrainResult:
     trainer = Trainer(cfg, progress=progress, report=report, observers=observers)
     if cfg.early_stopping is None:
         return trainer.train()

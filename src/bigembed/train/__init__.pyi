@@ -12,7 +12,7 @@ from .plotting import plot_training
 from .policy import checkpoint_metadata, commit_with_stats, resume
 from .records import BucketRecord, StepLog, StepRecord, merge_step_logs, read_training_log
 from .replica_share import ReplicaShare
-from .single_machine import Trainer, train
+from .single_machine import Trainer, train, training_locks
 
 __all__ = [
     "BatchGate",
@@ -46,4 +46,5 @@ __all__ = [
     "resume",
     "standard_observers",
     "train",
+    "training_locks",
 ]

@@ -9,6 +9,7 @@ checkpoint policy (:class:`~bigembed.train.policy.LocalCheckpoints`). :func:`tra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,7 @@ from bigembed.train.memory.budget import MemoryPlan, plan_memory
 from bigembed.train.memory.partitions import PartitionSource, PartitionStore
 from bigembed.train.observers import TrainingObserver
 from bigembed.train.policy import LocalCheckpoints, resume
+from bigembed.writer_lock import hold
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,10 @@ class Trainer:
         ]
 
     def train(self) -> TrainResult:
+        with training_locks(self.cfg):
+            return self._train()
+
+    def _train(self) -> TrainResult:
         cfg, job = self.cfg, self.job
         checkpoints = LocalCheckpoints(job, self.state, self.checkpoint)
         committed = self.checkpoint.open_for_training()
@@ -184,6 +190,19 @@ class Trainer:
             capacity=self.memory.capacity,
             background=self.cfg.partition_prefetch,
         )
+
+
+@contextlib.contextmanager
+def training_locks(cfg: ConfigSchema, *, writes: bool = True) -> Iterator[None]:
+    """What a training holds for its whole life (:mod:`bigembed.writer_lock`): its checkpoint
+    directory exclusively when it ``writes`` it (one writer per directory), and the entity and
+    edge stores it reads shared, so that no import replaces them under it."""
+    with contextlib.ExitStack() as held:
+        if writes:
+            held.enter_context(hold(cfg.checkpoint_path, "training"))
+        for store in dict.fromkeys([cfg.entity_path, *cfg.edge_paths]):
+            held.enter_context(hold(store, "training", shared=True))
+        yield
 
 
 def train(
