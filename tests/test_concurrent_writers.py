@@ -135,7 +135,9 @@ def test_import_over_stores_a_training_reads_is_refused(tmp_path: Path, capsys) 
     finally:
         code, _out, err = _finish(training)
     assert code == 0, err
-    assert cli_main(["import", "--no-progress", "--force", str(config), str(edges)]) == 0
+    # once the training ended the import may replace the store (other names: --allow-orphans)
+    argv = ["import", "--no-progress", "--force", "--allow-orphans", str(config), str(edges)]
+    assert cli_main(argv) == 0
 
 
 @pytest.fixture(scope="module")

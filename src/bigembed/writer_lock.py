@@ -189,8 +189,7 @@ def _open(path: Path) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        reason = "read-only file system" if exc.errno == errno.EROFS else exc.strerror or exc
-        raise _NoLockFile(f"{path} ({reason})") from None
+        raise _NoLockFile(f"{path} ({exc.strerror or exc})") from None
 
 
 def _write_record(fd: int, rec: dict[str, Any], shared: bool) -> None:
