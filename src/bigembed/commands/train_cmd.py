@@ -27,7 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "negatives, epochs...) are logged and used.",
     )
     add_config_arguments(p)
-    p.add_argument("--rank", type=int, default=0, help="this machine's rank in distributed mode")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this machine's rank in distributed mode (default: torchrun's RANK, else SLURM's "
+        "SLURM_PROCID, else 0)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--fresh",
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from bigembed.config import held_out_warnings
     from bigembed.selection import train_model
 
-    cfg = config_from_args(args)
+    cfg, rank = _placed_config(args)
     progress = not args.no_progress
     if args.fresh:
         if cfg.num_machines > 1:
@@ -59,19 +65,47 @@ def run(args: argparse.Namespace) -> int:
 
         if start_over(cfg.checkpoint_path):
             print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
-    if args.rank == 0:  # once per run
+    if rank == 0:  # once per run
         for line in held_out_warnings(cfg):
             logger.warning("%s", line)
     if cfg.num_machines > 1:
-        from bigembed.distributed import apply_security_arguments
+        from bigembed.distributed import apply_security_arguments, serve_partitions
 
         apply_security_arguments(args)
-        result = train_model(cfg, rank=args.rank, progress=progress, report=tqdm.write)
-        if args.rank == 0:
+        if rank >= cfg.num_machines:  # a launcher's extra ranks: the partition servers
+            return serve_partitions(cfg, index=rank - cfg.num_machines)
+        result = train_model(cfg, rank=rank, progress=progress, report=tqdm.write)
+        if rank == 0:
             _print_summary(cfg, result, trainers=cfg.num_machines)
         return 0
     _print_summary(cfg, train_model(cfg, progress=progress, report=tqdm.write), trainers=1)
     return 0
+
+
+def _placed_config(args: argparse.Namespace) -> tuple[ConfigSchema, int]:
+    """The config and this process's rank: ``--rank``, else a launcher's (torchrun, SLURM),
+    whose world size also gives ``num_machines`` (:mod:`bigembed.distributed.launch_env`)."""
+    import os
+
+    from bigembed.distributed import place
+
+    cfg = config_from_args(args)
+    placement = place(cfg, args.rank)
+    os.environ.update(placement.environ)  # SLURM: where rank 0's store listens
+    if placement.overrides:
+        args.param = [*(args.param or []), *placement.overrides]
+        cfg = config_from_args(args)
+    if placement.launch is not None:
+        env = placement.launch
+        logger.info(
+            "%s: rank %d of %d (local rank %d%s)",
+            env.launcher,
+            env.rank,
+            env.world_size,
+            env.local_rank,
+            f", restart {env.restart}" if env.restart else "",
+        )
+    return cfg, placement.rank
 
 
 def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> None:
