@@ -26,7 +26,7 @@ from bigembed.distributed.launch_env import SLURM_PORT_BASE, first_host
 from bigembed.errors import ConfigError
 from support.graphs import graph_config
 from support.ranks import CLI, ENV, bucket_records, check_events, make_graph, read_events, run
-from test_dist import withheld_mrr
+from support.withheld import withheld_mrr
 
 TORCH = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "9"}
 SLURM = {
