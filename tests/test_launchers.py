@@ -20,11 +20,9 @@ from typing import Any
 import pytest
 
 from bigembed.checkpoints import CheckpointStore
-from bigembed.config import ConfigSchema
 from bigembed.distributed import place, read_launch_env
 from bigembed.distributed.launch_env import SLURM_PORT_BASE, first_host
 from bigembed.errors import ConfigError
-from support.graphs import graph_config
 from support.ranks import CLI, ENV, bucket_records, check_events, make_graph, read_events, run
 from support.withheld import withheld_mrr
 
@@ -36,10 +34,6 @@ SLURM = {
     "SLURM_JOB_ID": "123456",
     "SLURM_JOB_NODELIST": "gpu[07-09,12],cpu1",
 }
-
-
-def _cfg(tmp_path: Path, **overrides: Any) -> ConfigSchema:
-    return graph_config(tmp_path, **overrides)
 
 
 # ---------------------------------------------------------------------- where the rank comes from
@@ -74,26 +68,25 @@ def test_slurm_variables() -> None:
     assert read_launch_env({**SLURM, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
 
 
-def test_place_precedence_and_num_machines(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
-    assert cfg.num_machines == 1 and cfg.distributed_init_method is None
+def test_place_precedence_and_num_machines() -> None:
+    cfg: dict[str, Any] = {}  # a config that leaves the distributed keys at their defaults
     explicit = place(cfg, 0, {**TORCH})
     assert (explicit.rank, explicit.overrides, explicit.launch) == (0, [], None), "--rank wins"
     assert place(cfg, None, {}).rank == 0
     p = place(cfg, None, TORCH)
     assert p.rank == 1 and p.environ == {}
     assert p.overrides == ["num_machines=2", "distributed_init_method=env://"]
-    s = place(cfg, None, SLURM)
+    s = place({"num_machines": 1}, None, SLURM)
     assert s.rank == 3 and s.overrides[0] == "num_machines=4" and s.environ["MASTER_ADDR"]
     # the world holds the partition servers after the trainers
-    servers = _cfg(tmp_path, num_partition_servers=1, distributed_init_method="env://")
+    servers = {"num_partition_servers": 1, "distributed_init_method": "env://"}
     assert place(servers, None, TORCH).overrides == ["num_machines=1"]
-    both = _cfg(tmp_path, num_machines=2, distributed_init_method="tcp://h:1")
+    both = {"num_machines": 2, "distributed_init_method": "tcp://h:1"}
     assert place(both, None, TORCH).overrides == [], "a config that agrees is left alone"
-    other = _cfg(tmp_path, num_machines=3, distributed_init_method="env://")
+    other = {"num_machines": 3, "distributed_init_method": "env://"}
     with pytest.raises(ConfigError, match=r"num_machines is 3 .* torchrun started 2 processes"):
         place(other, None, TORCH)
-    too_many = _cfg(tmp_path, num_partition_servers=2, distributed_init_method="env://")
+    too_many = {"num_partition_servers": 2}
     with pytest.raises(ConfigError, match="num_partition_servers is 2"):
         place(too_many, None, TORCH)
 

@@ -86,15 +86,17 @@ def _placed_config(args: argparse.Namespace) -> tuple[ConfigSchema, int]:
     """The config and this process's rank: ``--rank``, else a launcher's (torchrun, SLURM),
     whose world size also gives ``num_machines`` (:mod:`bigembed.distributed.launch_env`)."""
     import os
+    from pathlib import Path
 
+    from bigembed.config import apply_overrides, normalize_keys, read_config_file
     from bigembed.distributed import place
 
-    cfg = config_from_args(args)
-    placement = place(cfg, args.rank)
+    raw = normalize_keys(read_config_file(Path(args.config)), args.config)
+    params = [p for item in args.param or [] for p in (item if isinstance(item, list) else [item])]
+    placement = place(apply_overrides(raw, params, ConfigSchema, args.config), args.rank)
     os.environ.update(placement.environ)  # SLURM: where rank 0's store listens
-    if placement.overrides:
-        args.param = [*(args.param or []), *placement.overrides]
-        cfg = config_from_args(args)
+    args.param = [*params, *placement.overrides]
+    cfg = config_from_args(args)
     if placement.launch is not None:
         env = placement.launch
         logger.info(

@@ -17,8 +17,8 @@ A launcher's world holds the trainers first, then the partition servers: ``num_m
 config naming another count is refused in one line. ``distributed_init_method`` defaults to
 ``env://`` there. A world of one process is no distributed run: the variables are ignored.
 
-Nothing here touches the network or torch: :func:`place` is a pure function of the config and
-the environment.
+Nothing here touches the network or torch: :func:`place` is a pure function of the config's
+keys and the environment.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from bigembed.config import ConfigSchema
 from bigembed.errors import ConfigError
 
 #: SLURM jobs without MASTER_PORT use ``SLURM_PORT_BASE + job id % SLURM_PORT_SPAN``
@@ -124,17 +124,21 @@ def first_host(nodelist: str) -> str:
 
 
 def place(
-    cfg: ConfigSchema, rank: int | None, environ: Mapping[str, str] = os.environ
+    settings: Mapping[str, Any], rank: int | None, environ: Mapping[str, str] = os.environ
 ) -> Placement:
     """This process's world rank, from ``--rank`` (``rank``), else the launcher's variables
     (see the module docstring), else 0; with the overrides the config needs under a launcher.
-    ``cfg``: the config as loaded from its file and ``-p`` overrides."""
+
+    ``settings``: the config's keys as read from its file with the ``-p`` overrides, before
+    validation (which would warn about keys that only a distributed run uses); a missing key
+    has its default."""
     if rank is not None:
         return Placement(rank)
     env = read_launch_env(environ)
     if env is None:
         return Placement(0)
-    servers = max(cfg.num_partition_servers, 0)
+    num_machines = int(settings.get("num_machines") or 1)
+    servers = max(int(settings.get("num_partition_servers", -1)), 0)
     trainers = env.world_size - servers
     if trainers < 1:
         raise ConfigError(
@@ -142,14 +146,14 @@ def place(
             f"{servers}: start num_machines + num_partition_servers processes"
         )
     overrides = []
-    if cfg.num_machines == 1:
+    if num_machines == 1:
         overrides.append(f"num_machines={trainers}")
-    elif cfg.num_machines != trainers:
+    elif num_machines != trainers:
         raise ConfigError(
-            f"num_machines is {cfg.num_machines} (+ {servers} partition servers) but "
+            f"num_machines is {num_machines} (+ {servers} partition servers) but "
             f"{env.launcher} started {env.world_size} processes (WORLD_SIZE): make them agree, "
             "or leave num_machines out of the config"
         )
-    if not cfg.distributed_init_method:
+    if not settings.get("distributed_init_method"):
         overrides.append("distributed_init_method=env://")
     return Placement(env.rank, overrides, dict(env.master), env)

@@ -19,9 +19,11 @@ holding that address on every rank.
 Under torchrun (``env://`` with ``TORCHELASTIC_USE_AGENT_STORE=True``), MASTER_ADDR:MASTER_PORT
 is the elastic agent's own TCPStore, the one torch's ``env://`` rendezvous joins: every rank,
 rank 0 included, connects to it as a client (as torch.distributed.rendezvous does) instead of
-hosting one. The agent keeps that store across worker restarts (``--max-restarts``), so every
-key of a rank goes under ``bigembed-attempt-N/`` (N: ``TORCHELASTIC_RESTART_COUNT``), keeping
-a restarted run clear of the keys of the attempt that failed.
+hosting one. The agent keeps that store across worker restarts (``--max-restarts``, and an
+elastic run's change of membership), so every key of a rank goes under
+``bigembed-attempt-N-W/`` (N: ``TORCHELASTIC_RESTART_COUNT``, W: ``WORLD_SIZE``), keeping a
+restarted run clear of the keys of the attempt that failed. Every agent counts the restarts
+alike because a failed rank ends every rank of the run, so every node's worker group fails.
 
 Deadlines: a TCPStore client call has no timeout on a dead connection (a network partition, a
 frozen rank 0, or another program holding the port that accepts but never answers): ``add``,
@@ -135,7 +137,9 @@ class StoreAddress:
             tcp = StoreAddress.parse(f"tcp://{host}:{port}")
             attempt = ""
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-                attempt = f"bigembed-attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+                restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                world = os.environ.get("WORLD_SIZE", "")
+                attempt = f"bigembed-attempt-{restart}-{world}"
             return StoreAddress(method, "tcp", tcp.host, tcp.port, attempt=attempt)
         if url.scheme == "tcp":
             if not url.hostname or url.port is None:
