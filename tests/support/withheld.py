@@ -30,5 +30,6 @@ def withheld_mrr(cfg: Any) -> float:
         rels.append(chunk.rel[idx])
     test = EvalEdges(np.concatenate(heads), np.concatenate(rels), np.concatenate(tails))
     result = rank_edges(model.model, model.embeddings, model.partition_bases, test, None)
+    assert result.lhs is not None and result.rhs is not None, "both sides are ranked"
     ranks = np.concatenate([result.lhs.raw, result.rhs.raw])
     return float((1.0 / ranks).mean())
