@@ -66,6 +66,8 @@ def test_slurm_variables() -> None:
     step = read_launch_env({**SLURM, "SLURM_STEP_NODELIST": "n[2-3]", "MASTER_PORT": "7"})
     assert step is not None and step.master == {"MASTER_ADDR": "n2"}, "the step's nodes first"
     assert read_launch_env({**SLURM, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
+    step = read_launch_env({**SLURM, "SLURM_STEP_NUM_TASKS": "8"})
+    assert step is not None and step.world_size == 8, "srun's step, not the whole job"
 
 
 def test_place_precedence_and_num_machines() -> None:

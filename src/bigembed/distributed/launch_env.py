@@ -7,10 +7,10 @@ One rule for every way of starting ranks (docs/distributed.md):
 2. otherwise torch's launcher variables (``torchrun``, a Kubernetes ``PyTorchJob``, any launcher
    following torch.distributed's ``env://`` convention): ``RANK``, ``WORLD_SIZE``,
    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
-3. otherwise SLURM's (a task of ``srun``): ``SLURM_PROCID``, ``SLURM_NTASKS``,
-   ``SLURM_LOCALID``, and the first host of the step's node list as the store's host
-   (``MASTER_ADDR`` and ``MASTER_PORT`` win when set; the port otherwise derives from the job
-   id, so every task of the job agrees on it without talking).
+3. otherwise SLURM's (a task of ``srun``): ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` (else
+   ``SLURM_NTASKS``), ``SLURM_LOCALID``, and the first host of the step's node list as the
+   store's host (``MASTER_ADDR`` and ``MASTER_PORT`` win when set; the port otherwise derives
+   from the job id, so every task of the job agrees on it without talking).
 
 A launcher's world holds the trainers first, then the partition servers: ``num_machines`` is
 ``WORLD_SIZE - num_partition_servers`` when the config leaves it at 1 (its default), and a
@@ -90,10 +90,11 @@ def read_launch_env(environ: Mapping[str, str] = os.environ) -> LaunchEnv | None
         if not environ.get("MASTER_PORT"):
             job = _int(environ, "SLURM_JOB_ID", "SLURM") if "SLURM_JOB_ID" in environ else 0
             master["MASTER_PORT"] = str(SLURM_PORT_BASE + job % SLURM_PORT_SPAN)
+        tasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
         env = LaunchEnv(
             "SLURM",
             rank=_int(environ, "SLURM_PROCID", "SLURM"),
-            world_size=_int(environ, "SLURM_NTASKS", "SLURM"),
+            world_size=_int(environ, tasks, "SLURM"),
             local_rank=_int(environ, "SLURM_LOCALID", "SLURM") if "SLURM_LOCALID" in environ else 0,
             master=master,
         )
