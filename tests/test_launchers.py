@@ -4,11 +4,13 @@ First the rule that says where a rank's place comes from (``--rank`` > torch's v
 SLURM's, :mod:`bigembed.distributed.launch_env`), as a pure function; then real runs on
 127.0.0.1: torchrun with 2 local processes (the same result as ``bigembed launch``), a rank
 killed under ``torchrun --max-restarts 1`` (the run resumes from the last committed version),
-and 2 ranks started with SLURM's variables alone.
+2 ranks started with SLURM's variables alone, and a distributed ``bigembed eval`` under
+torchrun (the one-machine report).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +25,18 @@ from bigembed.checkpoints import CheckpointStore
 from bigembed.distributed import place, read_launch_env
 from bigembed.distributed.launch_env import SLURM_PORT_BASE, first_host
 from bigembed.errors import ConfigError
-from support.ranks import CLI, ENV, bucket_records, check_events, make_graph, read_events, run
+from bigembed.eval import evaluate_checkpoint
+from support.checkpoints import TrainedRing
+from support.ranks import (
+    CLI,
+    ENV,
+    TIMEOUT,
+    bucket_records,
+    check_events,
+    make_graph,
+    read_events,
+    run,
+)
 from support.withheld import withheld_mrr
 
 TORCH = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "9"}
@@ -213,3 +226,26 @@ def test_slurm_variables_alone_start_two_ranks(tmp_path: Path) -> None:
     assert "SLURM: rank 1 of 2" in outs[1], outs[1]
     assert "run at env://" in outs[0] and "Trained 2 step(s)" in outs[0], outs[0]
     assert CheckpointStore(cfg.checkpoint_path).committed_version() == 2
+
+
+@pytest.mark.integration
+def test_torchrun_runs_a_distributed_eval(trained_checkpoint: TrainedRing, tmp_path: Path) -> None:
+    """``bigembed eval`` under torchrun: 2 ranks (torchrun's), the one-machine report."""
+    ring = trained_checkpoint
+    test, out = str(ring.root / "test"), tmp_path / "report.json"
+    argv = [*_torchrun("--master_port", str(_agent_port()), "-m", "bigembed", "eval")]
+    argv += [str(ring.config_file), "--no-progress", "-p", f"distributed_timeout={TIMEOUT}"]
+    done = subprocess.run(
+        [*argv, "--edges", test, "--output", str(out)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    one = evaluate_checkpoint(ring.config, [test]).to_json()
+    mine = json.loads(out.read_text())
+    assert {k: v for k, v in mine.items() if k != "seconds"} == {
+        k: v for k, v in one.items() if k != "seconds"
+    }
+    assert done.stdout.count("ranked 12 of the 24 edges") == 2, done.stdout

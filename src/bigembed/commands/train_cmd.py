@@ -7,7 +7,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
+from bigembed.config import ConfigSchema, add_config_arguments
 from bigembed.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,10 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bigembed.commands.launched import placed_config
     from bigembed.config import held_out_warnings
     from bigembed.selection import train_model
 
-    cfg, rank = _placed_config(args)
+    cfg, placed = placed_config(args)
+    rank = placed or 0
     progress = not args.no_progress
     if args.fresh:
         if cfg.num_machines > 1:
@@ -80,34 +82,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _print_summary(cfg, train_model(cfg, progress=progress, report=tqdm.write), trainers=1)
     return 0
-
-
-def _placed_config(args: argparse.Namespace) -> tuple[ConfigSchema, int]:
-    """The config and this process's rank: ``--rank``, else a launcher's (torchrun, SLURM),
-    whose world size also gives ``num_machines`` (:mod:`bigembed.distributed.launch_env`)."""
-    import os
-    from pathlib import Path
-
-    from bigembed.config import apply_overrides, normalize_keys, read_config_file
-    from bigembed.distributed import place
-
-    raw = normalize_keys(read_config_file(Path(args.config)), args.config)
-    params = [p for item in args.param or [] for p in (item if isinstance(item, list) else [item])]
-    placement = place(apply_overrides(raw, params, ConfigSchema, args.config), args.rank)
-    os.environ.update(placement.environ)  # SLURM: where rank 0's store listens
-    args.param = [*params, *placement.overrides]
-    cfg = config_from_args(args)
-    if placement.launch is not None:
-        env = placement.launch
-        logger.info(
-            "%s: rank %d of %d (local rank %d%s)",
-            env.launcher,
-            env.rank,
-            env.world_size,
-            env.local_rank,
-            f", restart {env.restart}" if env.restart else "",
-        )
-    return cfg, placement.rank
 
 
 def _print_summary(cfg: ConfigSchema, result: TrainResult, *, trainers: int) -> None:
