@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bigembed.commands.columns import add_column_arguments
 from bigembed.commands.versions import add_version_argument, checkpoint_of
-from bigembed.config import add_config_arguments, config_from_args
+from bigembed.config import ConfigSchema, add_config_arguments
 
 
 def add_edge_file_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,7 +113,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="evaluate on num_machines ranks (distributed_init_method of the config): this "
         "one's rank; each ranks a cost-balanced share of the edges and rank 0 prints and writes "
-        "the merged report (the same as on one machine)",
+        "the merged report (the same as on one machine); under torchrun or srun the rank is "
+        "the launcher's (RANK, SLURM_PROCID) and num_machines its world size",
     )
     add_version_argument(p)
     add_edge_file_arguments(p)
@@ -126,17 +127,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
+    from bigembed.commands.launched import placed_config
     from bigembed.writer_lock import hold
 
-    writes = args.output and args.rank in (None, 0)  # rank 0 writes a distributed report
+    cfg, rank = placed_config(args, partition_servers=False)  # --rank, torchrun's, SLURM's
+    writes = args.output and rank in (None, 0)  # rank 0 writes a distributed report
     with hold(args.output, "eval") if writes else contextlib.nullcontext():
-        return _run(args)
+        return _run(args, cfg, rank)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, cfg: ConfigSchema, rank: int | None) -> int:
     from bigembed.eval import evaluate_checkpoint
 
-    cfg = config_from_args(args)
     checkpoint = cfg.checkpoint_path  # the whole directory stays an input, best/ or not
     chosen = checkpoint_of(checkpoint, args)  # early stopping's best by default
     if chosen != Path(checkpoint):
@@ -163,13 +165,13 @@ def _run(args: argparse.Namespace) -> int:
         chunk_size=max(1, args.chunk_size),
         exclude_self=args.exclude_self,
     )
-    if args.rank is not None:
+    if rank is not None:
         from bigembed.distributed import apply_security_arguments, eval_distributed
 
         apply_security_arguments(args)
         done = eval_distributed(
             cfg,
-            rank=args.rank,
+            rank=rank,
             edge_paths=args.edges,
             filter_paths=args.filter_edges,
             progress=not args.no_progress,

@@ -10,7 +10,9 @@ rank it came from, and, when a rank fails, stops the others and exits non-zero. 
 
 ``--max-restarts N`` (as torchrun's): after a failure, start every rank again, up to N times;
 each attempt resumes from the last committed checkpoint, as a restart by hand would. An
-interrupt (Ctrl-C, SIGTERM of the launcher) is never restarted.
+interrupt (Ctrl-C, SIGTERM of the launcher) is never restarted. The same run, with torch's
+elastic agent doing the restarts: ``torchrun --standalone --nproc_per_node K --max-restarts N
+-m bigembed train CONFIG`` (K: the trainers plus the partition servers; docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from bigembed.config import ConfigSchema, add_config_arguments, config_from_args
+from bigembed.config import ConfigSchema, add_config_arguments
 from bigembed.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,7 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "negatives, epochs...) are logged and used.",
     )
     add_config_arguments(p)
-    p.add_argument("--rank", type=int, default=0, help="this machine's rank in distributed mode")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this machine's rank in distributed mode (default: torchrun's RANK, else SLURM's "
+        "SLURM_PROCID, else 0)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--fresh",
@@ -44,10 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from bigembed.commands.launched import placed_config
     from bigembed.config import held_out_warnings
     from bigembed.selection import train_model
 
-    cfg = config_from_args(args)
+    cfg, placed = placed_config(args)
+    rank = placed or 0
     progress = not args.no_progress
     if args.fresh:
         if cfg.num_machines > 1:
@@ -61,15 +69,17 @@ def run(args: argparse.Namespace) -> int:
         with hold(cfg.checkpoint_path, "training"):  # not while another run writes it
             if start_over(cfg.checkpoint_path):
                 print(f"--fresh: deleted the checkpoint in {cfg.checkpoint_path}; training anew")
-    if args.rank == 0:  # once per run
+    if rank == 0:  # once per run
         for line in held_out_warnings(cfg):
             logger.warning("%s", line)
     if cfg.num_machines > 1:
-        from bigembed.distributed import apply_security_arguments
+        from bigembed.distributed import apply_security_arguments, serve_partitions
 
         apply_security_arguments(args)
-        result = train_model(cfg, rank=args.rank, progress=progress, report=tqdm.write)
-        if args.rank == 0:
+        if rank >= cfg.num_machines:  # a launcher's extra ranks: the partition servers
+            return serve_partitions(cfg, index=rank - cfg.num_machines)
+        result = train_model(cfg, rank=rank, progress=progress, report=tqdm.write)
+        if rank == 0:
             _print_summary(cfg, result, trainers=cfg.num_machines)
         return 0
     _print_summary(cfg, train_model(cfg, progress=progress, report=tqdm.write), trainers=1)

@@ -16,6 +16,15 @@ torch 2.13). So rank 0 binds the store's socket itself (handed over through TCPS
 to ``BIGEMBED_BIND=ADDRESS`` (``--bind``) when set, which also points gloo at the interface
 holding that address on every rank.
 
+Under torchrun (``env://`` with ``TORCHELASTIC_USE_AGENT_STORE=True``), MASTER_ADDR:MASTER_PORT
+is the elastic agent's own TCPStore, the one torch's ``env://`` rendezvous joins: every rank,
+rank 0 included, connects to it as a client (as torch.distributed.rendezvous does) instead of
+hosting one. The agent keeps that store across worker restarts (``--max-restarts``, and an
+elastic run's change of membership), so every key of a rank goes under
+``bigembed-attempt-N-W/`` (N: ``TORCHELASTIC_RESTART_COUNT``, W: ``WORLD_SIZE``), keeping a
+restarted run clear of the keys of the attempt that failed. Every agent counts the restarts
+alike because a failed rank ends every rank of the run, so every node's worker group fails.
+
 Deadlines: a TCPStore client call has no timeout on a dead connection (a network partition, a
 frozen rank 0, or another program holding the port that accepts but never answers): ``add``,
 ``set`` and even the client's constructor block forever. Connecting is therefore bounded here
@@ -114,6 +123,7 @@ class StoreAddress:
     host: str = ""
     port: int = 0
     path: str = ""
+    attempt: str = ""  # non-empty: the launcher's agent hosts the store; this attempt's prefix
 
     @staticmethod
     def parse(method: str) -> StoreAddress:
@@ -124,7 +134,13 @@ class StoreAddress:
                 raise PeerError(
                     f"distributed_init_method {method}: MASTER_ADDR and MASTER_PORT must be set"
                 )
-            return StoreAddress.parse(f"tcp://{host}:{port}")._replace_method(method)
+            tcp = StoreAddress.parse(f"tcp://{host}:{port}")
+            attempt = ""
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                world = os.environ.get("WORLD_SIZE", "")
+                attempt = f"bigembed-attempt-{restart}-{world}"
+            return StoreAddress(method, "tcp", tcp.host, tcp.port, attempt=attempt)
         if url.scheme == "tcp":
             if not url.hostname or url.port is None:
                 raise PeerError(f"distributed_init_method {method}: expected tcp://HOST:PORT")
@@ -139,14 +155,11 @@ class StoreAddress:
             "(use tcp://HOST:PORT, file:///PATH or env://)"
         )
 
-    def _replace_method(self, method: str) -> StoreAddress:
-        return StoreAddress(method, self.kind, self.host, self.port, self.path)
-
     # ------------------------------------------------------------------ connections
     def open(
         self, rank: int, world_size: int, timeout: float, answer_within: float | None = None
     ) -> dist.Store:
-        """The raw store of this rank (rank 0 hosts it for tcp://).
+        """The raw store of this rank (rank 0 hosts it for tcp://, unless torchrun's agent does).
 
         The other ranks wait up to ``timeout`` for rank 0 to listen, then ``answer_within``
         (default ``timeout``) for the store to answer (see :meth:`client`)."""
@@ -159,7 +172,7 @@ class StoreAddress:
                 return dist.FileStore(self.path, -1)
             except RuntimeError as exc:
                 raise PeerError(f"{self.method}: cannot open the store file: {exc}") from None
-        if rank == 0:
+        if rank == 0 and not self.attempt:
             bind = os.environ.get(BIND_ENV) or self.host
             listener = _bound_listener(bind, self.port, self.method)
             try:
@@ -205,11 +218,12 @@ class StoreAddress:
         answer_within = timeout if answer_within is None else answer_within
         self._wait_for_listener(connect_within)
         try:
-            return call_with_deadline(
+            store: dist.Store = call_with_deadline(
                 lambda: dist.TCPStore(self.host, self.port, is_master=False, timeout=td),
                 answer_within,
                 name="bigembed-store-connect",
             )
+            return dist.PrefixStore(self.attempt, store) if self.attempt else store
         except DeadlineExceeded:
             raise PeerError(
                 f"the rendezvous store at {self.method} accepts connections but does not answer "

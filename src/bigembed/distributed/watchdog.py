@@ -124,7 +124,9 @@ class Watchdog:
             silent = now - self.last_ok
             if silent <= self.timeout:
                 continue
-            if self.rank == 0 and self.address.kind == "tcp":
+            if self.address.attempt:
+                why = "the launcher's agent, which hosts it, is frozen or unreachable"
+            elif self.rank == 0 and self.address.kind == "tcp":
                 why = "the rendezvous store this rank hosts does not answer"
             else:
                 why = (

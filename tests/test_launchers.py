@@ -1,0 +1,251 @@
+"""Starting ranks the way torch.distributed users do: torchrun, SLURM's variables.
+
+First the rule that says where a rank's place comes from (``--rank`` > torch's variables >
+SLURM's, :mod:`bigembed.distributed.launch_env`), as a pure function; then real runs on
+127.0.0.1: torchrun with 2 local processes (the same result as ``bigembed launch``), a rank
+killed under ``torchrun --max-restarts 1`` (the run resumes from the last committed version),
+2 ranks started with SLURM's variables alone, and a distributed ``bigembed eval`` under
+torchrun (the one-machine report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bigembed.checkpoints import CheckpointStore
+from bigembed.distributed import place, read_launch_env
+from bigembed.distributed.launch_env import SLURM_PORT_BASE, first_host
+from bigembed.errors import ConfigError
+from bigembed.eval import evaluate_checkpoint
+from support.checkpoints import TrainedRing
+from support.ranks import (
+    CLI,
+    ENV,
+    TIMEOUT,
+    bucket_records,
+    check_events,
+    make_graph,
+    read_events,
+    run,
+)
+from support.withheld import withheld_mrr
+
+TORCH = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "9"}
+SLURM = {
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NODELIST": "gpu[07-09,12],cpu1",
+}
+
+
+# ---------------------------------------------------------------------- where the rank comes from
+def test_first_host_of_a_slurm_nodelist() -> None:
+    assert first_host("node07") == "node07"
+    assert first_host("gpu[07-09,12],cpu1") == "gpu07"
+    assert first_host("a[3,5-6]-ib,b1") == "a3-ib"
+    assert first_host("10.0.0.5,10.0.0.6") == "10.0.0.5"
+    with pytest.raises(ConfigError, match="node list"):
+        first_host("[]")
+
+
+def test_torch_variables_win_over_slurm() -> None:
+    env = read_launch_env({**SLURM, **TORCH})
+    assert env is not None
+    assert (env.launcher, env.rank, env.world_size, env.local_rank) == ("torchrun", 1, 2, 1)
+    assert env.master == {}, "torchrun's MASTER_ADDR/PORT are used as they are"
+    assert read_launch_env({"RANK": "0", "WORLD_SIZE": "1"}) is None, "a world of one"
+    assert read_launch_env({}) is None
+    with pytest.raises(ConfigError, match="rank 2 is outside a world of 2"):
+        read_launch_env({**TORCH, "RANK": "2"})
+
+
+def test_slurm_variables() -> None:
+    env = read_launch_env(SLURM)
+    assert env is not None
+    assert (env.launcher, env.rank, env.world_size, env.local_rank) == ("SLURM", 3, 4, 1)
+    port = SLURM_PORT_BASE + 123456 % 20000
+    assert env.master == {"MASTER_ADDR": "gpu07", "MASTER_PORT": str(port)}
+    step = read_launch_env({**SLURM, "SLURM_STEP_NODELIST": "n[2-3]", "MASTER_PORT": "7"})
+    assert step is not None and step.master == {"MASTER_ADDR": "n2"}, "the step's nodes first"
+    assert read_launch_env({**SLURM, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
+    step = read_launch_env({**SLURM, "SLURM_STEP_NUM_TASKS": "8"})
+    assert step is not None and step.world_size == 8, "srun's step, not the whole job"
+
+
+def test_place_precedence_and_num_machines() -> None:
+    cfg: dict[str, Any] = {}  # a config that leaves the distributed keys at their defaults
+    explicit = place(cfg, 0, {**TORCH})
+    assert (explicit.rank, explicit.overrides, explicit.launch) == (0, [], None), "--rank wins"
+    assert place(cfg, None, {}).rank == 0
+    p = place(cfg, None, TORCH)
+    assert p.rank == 1 and p.environ == {}
+    assert p.overrides == ["num_machines=2", "distributed_init_method=env://"]
+    s = place({"num_machines": 1}, None, SLURM)
+    assert s.rank == 3 and s.overrides[0] == "num_machines=4" and s.environ["MASTER_ADDR"]
+    # the world holds the partition servers after the trainers
+    servers = {"num_partition_servers": 1, "distributed_init_method": "env://"}
+    assert place(servers, None, TORCH).overrides == ["num_machines=1"]
+    both = {"num_machines": 2, "distributed_init_method": "tcp://h:1"}
+    assert place(both, None, TORCH).overrides == [], "a config that agrees is left alone"
+    other = {"num_machines": 3, "distributed_init_method": "env://"}
+    with pytest.raises(ConfigError, match=r"num_machines is 3 .* torchrun started 2 processes"):
+        place(other, None, TORCH)
+    too_many = {"num_partition_servers": 2}
+    with pytest.raises(ConfigError, match="num_partition_servers is 2"):
+        place(too_many, None, TORCH)
+
+
+# ---------------------------------------------------------------------- real processes
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The tests' environment without any launcher's variables, plus ``extra``."""
+    launchers = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC")
+    env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", *launchers))}
+    return {**env, **extra}
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args]
+
+
+def _agent_port() -> int:
+    from support.ranks import free_port
+
+    return free_port()
+
+
+@pytest.mark.integration
+def test_torchrun_trains_like_launch(tmp_path: Path) -> None:
+    every = sorted((i, j) for i in range(4) for j in range(4))
+    results = {}
+    for how in ("torchrun", "launch"):
+        path, cfg = make_graph(tmp_path, num_epochs=4, checkpoint_path=str(tmp_path / how))
+        if how == "torchrun":
+            argv = [*_torchrun("--master_port", str(_agent_port()), "-m", "bigembed")]
+            argv += ["train", str(path), "--no-progress"]
+            out = subprocess.run(
+                argv, capture_output=True, text=True, env=_clean_env(), timeout=120
+            )
+        else:
+            out = run(["launch", str(path), "-n", "2"])
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "with 2 trainers" in out.stdout, out.stdout
+        granted = check_events(read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl"))
+        assert all(sorted(granted[it]) == every for it in range(4))
+        assert all(sorted(b) == every for b in bucket_records(cfg).values())
+        assert CheckpointStore(cfg.checkpoint_path).committed_version() == 4
+        results[how] = withheld_mrr(cfg)
+    assert results["launch"] > 0.05
+    assert abs(results["torchrun"] - results["launch"]) < 0.02, results
+
+
+@pytest.mark.integration
+def test_torchrun_restarts_a_killed_rank_and_resumes(tmp_path: Path) -> None:
+    path, cfg = make_graph(tmp_path, num_epochs=8)
+    store = CheckpointStore(cfg.checkpoint_path)
+    argv = [*_torchrun("--max-restarts", "1", "--master_port", str(_agent_port()))]
+    agent = subprocess.Popen(
+        [*argv, "-m", "bigembed", "train", str(path), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_clean_env(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while store.committed_version() < 2 and time.monotonic() < deadline:
+            assert agent.poll() is None, agent.communicate()[0]
+            time.sleep(0.05)
+        killed = _worker_of(agent.pid, rank=1)
+        os.kill(killed, signal.SIGKILL)
+        out, _ = agent.communicate(timeout=90)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    assert agent.returncode == 0, out
+    assert "restart 1" in out, out
+    assert store.committed_version() == 8
+    steps = [r["version"] for r in store.read_stats() if r["type"] == "step"]
+    assert steps == list(range(1, 9)), "no step lost or trained twice across the restart"
+    events = read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl")
+    runs = [e["committed"] for e in events if e["event"] == "run_start"]
+    assert len(runs) == 2 and runs[0] == 0 and runs[1] >= 2, runs
+    check_events(events)
+
+
+def _worker_of(agent: int, rank: int) -> int:
+    """The pid of torchrun's worker of global rank ``rank`` (a child of the agent)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == agent and f"RANK={rank}".encode() in (
+                environ
+            ):
+                return int(pid)
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank {rank} under torchrun's agent {agent}")
+
+
+@pytest.mark.integration
+def test_slurm_variables_alone_start_two_ranks(tmp_path: Path) -> None:
+    from bigembed.distributed.store import port_is_free
+
+    path, cfg = make_graph(tmp_path, num_epochs=2)
+    job = next(j for j in range(4242, 24242, 97) if port_is_free("127.0.0.1", SLURM_PORT_BASE + j))
+    slurm = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": str(job), "SLURM_JOB_NODELIST": "127.0.0.1"}
+    procs = [
+        subprocess.Popen(
+            [*CLI, "train", str(path), "--no-progress"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_clean_env(**slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)),
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=90)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "SLURM: rank 1 of 2" in outs[1], outs[1]
+    assert "run at env://" in outs[0] and "Trained 2 step(s)" in outs[0], outs[0]
+    assert CheckpointStore(cfg.checkpoint_path).committed_version() == 2
+
+
+@pytest.mark.integration
+def test_torchrun_runs_a_distributed_eval(trained_checkpoint: TrainedRing, tmp_path: Path) -> None:
+    """``bigembed eval`` under torchrun: 2 ranks (torchrun's), the one-machine report."""
+    ring = trained_checkpoint
+    test, out = str(ring.root / "test"), tmp_path / "report.json"
+    argv = [*_torchrun("--master_port", str(_agent_port()), "-m", "bigembed", "eval")]
+    argv += [str(ring.config_file), "--no-progress", "-p", f"distributed_timeout={TIMEOUT}"]
+    done = subprocess.run(
+        [*argv, "--edges", test, "--output", str(out)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    one = evaluate_checkpoint(ring.config, [test]).to_json()
+    mine = json.loads(out.read_text())
+    assert {k: v for k, v in mine.items() if k != "seconds"} == {
+        k: v for k, v in one.items() if k != "seconds"
+    }
+    assert done.stdout.count("ranked 12 of the 24 edges") == 2, done.stdout
