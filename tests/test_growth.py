@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigembed.checkpoints import CheckpointStore, load_trained
+from bigembed.checkpoints import CheckpointStore, choose_version, load_trained
 from bigembed.cli import main as cli_main
 from bigembed.config import GrowthSchema, load_config
 from bigembed.importing.extension import fill_smallest_first
@@ -205,3 +205,26 @@ def test_neighbors_init_is_the_mean_of_old_neighbours(
             len(new_tables[part][0]), cfg.dimension, cfg.init_scale, cfg.seed, "node", part
         )
         assert np.array_equal(row(name, new_tables), fresh.numpy()[offset])
+
+
+def test_readers_skip_a_best_version_of_the_old_import(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, entities={"node": 3})
+    write_tsv(tmp_path / "old.tsv", OLD)
+    write_tsv(tmp_path / "new.tsv", NEW)
+    write_tsv(tmp_path / "valid.tsv", OLD[:20])
+    # the first evaluation is the best, and no later one beats it by min_delta
+    stopping = f'early_stopping={{"valid_path": "{tmp_path / "valid.tsv"}", "min_delta": 1e9}}'
+    argv = ["train", str(config), *TRAIN, "-p", stopping]
+    assert _run(capsys, "import", "--no-progress", str(config), str(tmp_path / "old.tsv"))[0] == 0
+    assert _run(capsys, *argv, "-p", "num_epochs=1")[0] == 0
+    checkpoint = tmp_path / "out" / "model"
+    assert choose_version(checkpoint).directory == checkpoint / "best"
+    extend = ["import", "--no-progress", "--extend", str(config), str(tmp_path / "new.tsv")]
+    assert _run(capsys, *extend)[0] == 0
+    assert _run(capsys, *argv, "-p", "num_epochs=2")[0] == 0
+    assert CheckpointStore(checkpoint).read_best()["version"] == 1
+    chosen = choose_version(checkpoint)
+    assert chosen.directory == checkpoint and "earlier import" in (chosen.note or "")
+    assert _run(capsys, "similar", str(checkpoint), "e1")[0] == 0
