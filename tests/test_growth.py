@@ -104,6 +104,10 @@ def test_extend_refuses_new_relation_types(
     config = write_config(tmp_path, entities={"node": 2}, dynamic=True)
     write_tsv(tmp_path / "old.tsv", OLD)
     write_tsv(tmp_path / "new.tsv", [("a", "other", "b")])
+    code, err = _run(  # nothing to extend yet
+        capsys, "import", "--no-progress", "--extend", str(config), str(tmp_path / "old.tsv")
+    )
+    assert code != 0 and "entity store not found" in err and len(err.strip().splitlines()) == 1
     assert _run(capsys, "import", "--no-progress", str(config), str(tmp_path / "old.tsv"))[0] == 0
     code, err = _run(
         capsys, "import", "--no-progress", "--extend", str(config), str(tmp_path / "new.tsv")

@@ -463,6 +463,12 @@ class Importer:
 def _store_to_extend(cfg: ConfigSchema) -> EntityStore:
     """The entity store ``--extend`` appends to, checked against the config's entity types."""
     store = EntityStore(cfg.entity_path)  # a missing store: "no manifest", naming the path
+    if set(store.entity_types) != set(cfg.entities):
+        raise InputError(
+            f"{cfg.entity_path}: holds the entity types {sorted(store.entity_types)}, the config "
+            f"{sorted(cfg.entities)}; --extend keeps the entity types (import into another "
+            "entity_path to change them)"
+        )
     for etype, entity in cfg.entities.items():
         if store.num_partitions(etype) != entity.num_partitions:
             raise InputError(
