@@ -24,6 +24,7 @@ from support.imports import random_edges, write_config, write_tsv
 OLD = random_edges(300, 24, ["r"])
 NEW = [*OLD, *((f"n{i}", "r", f"e{i % 24}") for i in range(10)), ("n0", "r", "n1")]
 TRAIN = ["--no-progress", "-p", "workers=1"]
+KVSALL = ["-p", "loss_fn=softmax", "-p", "comparator=dot"]
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -52,15 +53,19 @@ def _tables(checkpoint: Path, version: int, parts: int) -> list[tuple[np.ndarray
 
 
 def _trained_then_extended(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], new: list[tuple[str, ...]] = NEW
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    new: list[tuple[str, ...]] = NEW,
+    mode: list[str] | None = None,
 ) -> Path:
-    """The OLD graph imported into 3 partitions and trained one epoch, then extended by
-    ``new``; returns the config."""
-    config = write_config(tmp_path, entities={"node": 3})
+    """The OLD graph imported into 3 partitions and trained one epoch (with the ``mode``
+    overrides), then extended by ``new``; returns the config."""
+    kvsall = "train_type=kvsall" in (mode or [])  # one partition, dynamic relations
+    config = write_config(tmp_path, entities={"node": 1 if kvsall else 3}, dynamic=kvsall)
     write_tsv(tmp_path / "old.tsv", OLD)
     write_tsv(tmp_path / "new.tsv", new)
     assert _run(capsys, "import", "--no-progress", str(config), str(tmp_path / "old.tsv"))[0] == 0
-    assert _run(capsys, "train", str(config), *TRAIN, "-p", "num_epochs=1")[0] == 0
+    assert _run(capsys, "train", str(config), *TRAIN, *(mode or []), "-p", "num_epochs=1")[0] == 0
     replace = ["import", "--no-progress", "--force", str(config), str(tmp_path / "new.tsv")]
     code, err = _run(capsys, *replace)
     assert code != 0 and "were trained on this entity store" in err  # a replacement orphans
@@ -155,19 +160,26 @@ def test_growth_keeps_old_rows_bit_identical(
         assert not new_state[n:].any()
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [[], ["-p", "relations.0.all_negs=true"], ["-p", "train_type=kvsall", *KVSALL]],
+    ids=["sampled", "all_negs", "kvsall"],
+)
 def test_freeze_keeps_old_rows_and_relations(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: list[str]
 ) -> None:
-    config = _trained_then_extended(tmp_path, capsys)
+    config = _trained_then_extended(tmp_path, capsys, mode=mode)
     checkpoint = tmp_path / "out" / "model"
-    old = _tables(checkpoint, 1, 3)
+    parts = EntityStore(tmp_path / "out" / "entities").num_partitions("node")
+    old = _tables(checkpoint, 1, parts)
     old_model = CheckpointStore(checkpoint).load_model(1)["model"]
-    freeze = ["-p", "growth.freeze=old_entities,relations", "-p", "num_epochs=3"]
-    assert _run(capsys, "train", str(config), *TRAIN, *freeze)[0] == 0
+    freeze = ["-p", "growth.freeze=old_entities,relations", "-p", "num_epochs=3", *mode]
+    code, err = _run(capsys, "train", str(config), *TRAIN, *freeze)
+    assert code == 0, err
     cfg = load_config(config)
     changed = 0
     for part, ((emb, state), (new_emb, new_state)) in enumerate(
-        zip(old, _tables(checkpoint, 3, 3), strict=True)
+        zip(old, _tables(checkpoint, 3, parts), strict=True)
     ):
         n = len(emb)
         assert np.array_equal(new_emb[:n], emb) and np.array_equal(new_state[:n], state)
