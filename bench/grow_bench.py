@@ -19,10 +19,9 @@ MRR and the wall time of the update (extension import + growth training) against
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
-import io
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bigembed.cli import main as cli_main
 from bigembed.datasets import fb15k237_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,12 +47,13 @@ def _write(path: Path, edges: list[tuple[str, str, str]]) -> Path:
 
 
 def _cli(*argv: str) -> None:
-    """One ``bigembed`` command in this process, its output kept quiet; fails loudly."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli_main([*argv])
-    if code != 0:
-        raise SystemExit(f"bigembed {' '.join(argv)} failed ({code}):\n{out.getvalue()}")
+    """One ``bigembed`` command as its own process (as a user runs it), its output shown only
+    when it fails."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bigembed.cli", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"bigembed {' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
 
 
 def _config(work: Path, name: str, base: dict, overrides: dict) -> Path:
