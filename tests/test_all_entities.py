@@ -258,7 +258,7 @@ def test_training_step_updates_every_row_as_sparse_adagrad_would(shared: bool) -
     trainer = fresh_trainer(spec)
     tables = fresh_tables(emb_l, emb_r, shared)
 
-    def sparse(self, lhs, rhs, lhs_side, rhs_side) -> None:  # type: ignore[no-untyped-def]
+    def sparse(self, lhs, rhs, lhs_side, rhs_side, frozen=(0, 0)) -> None:  # type: ignore[no-untyped-def]
         for table, sides in (
             ((lhs, [lhs_side, rhs_side]),)
             if shared

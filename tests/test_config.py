@@ -18,6 +18,7 @@ from bigembed.config import (
     ConfigSchema,
     EdgeFilesSchema,
     EntitySchema,
+    GrowthSchema,
     RelationSchema,
     config_keys,
     config_to_dict,
@@ -179,6 +180,7 @@ PBG_DEFAULTS = {
     "relation_init_scale": None,  # None: PBG's identity start of the operators
     "entity_dropout": 0.0,  # 0: no dropout, as PBG
     "relation_dropout": 0.0,
+    "growth": GrowthSchema(),  # extended stores: random new rows, nothing frozen
     "edge_files": EdgeFilesSchema(),  # import reads column 0, 1, 2 of headerless files
 }
 

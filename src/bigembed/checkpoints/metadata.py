@@ -17,7 +17,7 @@ defaults; unknown keys are ignored, so that a newer writer's additions do not br
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,6 +42,7 @@ def check_same_import(
     recorded: str | None,
     current: str | None,
     entity_path: str | Path,
+    extended_from: Sequence[str] = (),
 ) -> None:
     """Refuse a checkpoint trained on another import of ``entity_path`` (other entity ids).
 
@@ -51,9 +52,17 @@ def check_same_import(
     means the names changed: the message names ``bigembed remap``, which matches the rows to
     the new names. A random id from before content-derived ids can never match again: unless
     ``import --force`` kept that import's names, the message says how to get them back.
+    ``extended_from``: the imports the store extends (``import --extend``); a checkpoint of one
+    of them is a prefix of the store, which one-machine ``bigembed train`` grows it to.
     """
     if recorded is None or current is None or recorded == current:
         return
+    if recorded in extended_from:
+        raise CheckpointError(
+            f"{checkpoint} was trained before {entity_path} was extended with new entities "
+            "(import --extend); continue it with `bigembed train` on one machine (raise "
+            "num_epochs if its training is complete), which grows it to the new entities"
+        )
     kept = (previous_import_path(entity_path, recorded) / "manifest.json").is_file()
     if is_legacy_import_id(recorded) and not kept:
         raise CheckpointError(

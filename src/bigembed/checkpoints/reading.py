@@ -96,7 +96,8 @@ class TrainedModel:
 
     def check_import(self, entities: EntityStore) -> None:
         """Refuse an entity store from another import than the one this model was trained on."""
-        check_same_import(self.path, self.import_id, entities.import_id, entities.path)
+        extended = [e.import_id for e in entities.extends]
+        check_same_import(self.path, self.import_id, entities.import_id, entities.path, extended)
 
     @property
     def store(self) -> CheckpointStore:

@@ -19,6 +19,7 @@ from typing import Any
 from bigembed.checkpoints.layout import BEST_DIR
 from bigembed.checkpoints.reading import checkpoint_dir
 from bigembed.checkpoints.store import CheckpointStore
+from bigembed.errors import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ def choose_version(path: str | os.PathLike[str], version: str | None = None) -> 
             f"{path}: using the latest version {latest}; best/ holds version {chosen}, beyond "
             "it (left from an earlier run?)",
         )
+    if latest and _other_import(store, chosen, latest):
+        return ChosenVersion(
+            Path(path),
+            f"{path}: using the latest version {latest}; best/ holds version {chosen}, trained "
+            "on an earlier import of the entity store (before it grew)",
+        )
     metric = describe_best(best)
     if chosen == latest:
         return ChosenVersion(
@@ -66,6 +73,17 @@ def choose_version(path: str | os.PathLike[str], version: str | None = None) -> 
         f"latest is version {latest}",
         latest_differs=True,
     )
+
+
+def _other_import(store: CheckpointStore, best: int, latest: int) -> bool:
+    """Whether ``best/`` was trained on another import than the latest version (a model grown
+    since, see docs/growing.md): its rows no longer match the entity store."""
+    try:
+        kept = CheckpointStore(store.path / BEST_DIR).read_metadata(best).import_id
+        now = store.read_metadata(latest).import_id
+    except CheckpointError:
+        return False  # the reader reports what is wrong with the files
+    return kept is not None and now is not None and kept != now
 
 
 def describe_best(best: dict[str, Any]) -> str:

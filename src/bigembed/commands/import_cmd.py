@@ -83,6 +83,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --force: replace an entity store even when checkpoints trained on it would "
         "no longer match its names (keeps the old names for `bigembed remap`)",
     )
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="add the new entities of INPUT to the existing entity store (every old entity "
+        "keeps its partition and offset; new ones are appended to the smallest partitions) and "
+        "re-bucket the edge stores; checkpoints trained on the old store grow with `bigembed "
+        "train` (docs/growing.md)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
         "--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         skip_bad_lines=args.skip_bad_lines,
         force=args.force,
         allow_orphans=args.allow_orphans,
+        extend=args.extend,
         progress=not args.no_progress and sys.stderr.isatty(),
         buffer_edges=args.buffer_edges,
         run_edges=args.run_edges,

@@ -68,6 +68,9 @@ BIGEMBED_ONLY_KEYS = (
     "entity_dropout",
     "relation_dropout",
     "kernel",
+    "growth",
+    "growth.init",
+    "growth.freeze",
     "edge_files",
     *(f"edge_files.{f}" for f in ("header", "delimiter", "lhs_col", "rel_col", "rhs_col")),
 )

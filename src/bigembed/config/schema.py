@@ -35,6 +35,7 @@ from bigembed.config.sections import (
     EarlyStoppingSchema,
     EdgeFilesSchema,
     EntitySchema,
+    GrowthSchema,
     RelationSchema,
     TuneSchema,
 )
@@ -381,6 +382,12 @@ class ConfigSchema(BaseModel):
         "and docs/tuning.md); ignored by train.",
     )
 
+    growth: GrowthSchema = Field(
+        default_factory=GrowthSchema,
+        description="bigembed only: how training continues a model whose entity store was "
+        "extended with import --extend (new rows' init, what is frozen: see the growth.* keys "
+        "and docs/growing.md).",
+    )
     edge_files: EdgeFilesSchema = Field(
         default_factory=EdgeFilesSchema,
         description="bigembed only: how `bigembed import` reads the edge list files (header, "

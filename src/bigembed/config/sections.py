@@ -18,6 +18,8 @@ from bigembed.config.types import (
     EdgeSplit,
     EvalProtocolName,
     Float,
+    FreezeName,
+    GrowthInitName,
     Int,
     OperatorName,
     PartitionPrecisionName,
@@ -209,6 +211,26 @@ class EarlyStoppingSchema(BaseModel):
         default=None,
         description="bigembed only: known true edges to filter with (null = edge_paths plus "
         "valid_path).",
+    )
+
+
+class GrowthSchema(BaseModel):
+    """bigembed only: how training continues a model whose entity store was extended
+    (``bigembed import --extend``; docs/growing.md)."""
+
+    model_config = MODEL_CONFIG
+
+    init: GrowthInitName = Field(
+        default="random",
+        description="bigembed only: the first value of a new entity's row: random (as a fresh "
+        "model's, init_scale) or neighbors (the mean of its trained neighbours' embeddings over "
+        "the training edges; random when it has none).",
+    )
+    freeze: list[FreezeName] = Field(
+        default_factory=list,
+        description="bigembed only: what training leaves unchanged: old_entities (the rows of "
+        "the entities of the store this one extends: only the new rows train) and/or relations "
+        "(relation operators and global embeddings).",
     )
 
 

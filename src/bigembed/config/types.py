@@ -229,6 +229,8 @@ BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 #: ``pbg`` keeps PBG's schedule (lock grants by partition affinity then edge count, Hogwild
 #: workers each given an even slice of the bucket).
 LoadBalancingName = Literal["cost", "pbg"]
+GrowthInitName = Literal["random", "neighbors"]
+FreezeName = Literal["old_entities", "relations"]
 LoadBalancing = Annotated[LoadBalancingName, BeforeValidator(_lower)]
 #: ``distributed_mode``: ``partitioned`` (PBG: trainers train disjoint buckets under partition
 #: locks) or ``data_parallel`` (Bagua, DGL-KE: every trainer trains its share of the same

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 from bigembed.atomic import DIR_MODE, fsync_dir
@@ -113,13 +114,16 @@ def restamp(publisher: Publisher, import_id: str) -> None:
         path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
-def check_replacement(entity_path: Path, new_id: str, *, allow_orphans: bool) -> str:
+def check_replacement(
+    entity_path: Path, new_id: str, *, allow_orphans: bool, extends: Collection[str] = ()
+) -> str:
     """The import id to publish over the entity store at ``entity_path`` for a new import of id
     ``new_id``; refuses when a checkpoint trained on the store would be orphaned (see the
     module docstring).
 
     A store from before content-derived ids whose entities equal the new import's keeps its
-    (random) id, so the checkpoints that record it stay usable.
+    (random) id, so the checkpoints that record it stay usable. A new import that ``extends``
+    the store's import (``import --extend``) orphans nothing: its checkpoints are prefixes of it.
     """
     if not has_manifest(entity_path):
         return new_id
@@ -136,6 +140,15 @@ def check_replacement(entity_path: Path, new_id: str, *, allow_orphans: bool) ->
                 "same entities as before: the %d checkpoint(s) trained on %s stay usable",
                 len(deps),
                 entity_path,
+            )
+        return new_id
+    if old.import_id in extends:
+        if deps:
+            logger.info(
+                "extending %s: the %d checkpoint(s) trained on it grow to the new entities "
+                "when `bigembed train` continues them",
+                entity_path,
+                len(deps),
             )
         return new_id
     legacy = is_legacy_import_id(old.import_id)

@@ -41,12 +41,17 @@ from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
 from bigembed.importing.dependents import check_replacement, restamp
 from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
+from bigembed.importing.extension import (
+    extend_assignment,
+    extended_relations,
+    extension_record,
+)
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
 from bigembed.importing.relations import RelationMapper
 from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
-from bigembed.storage import index_dtype, write_edge_manifest, write_entity_store
+from bigembed.storage import EntityStore, index_dtype, write_edge_manifest, write_entity_store
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema
@@ -65,6 +70,7 @@ class ImportOptions:
     skip_bad_lines: bool = False
     force: bool = False
     allow_orphans: bool = False  # --force may replace a store that checkpoints were trained on
+    extend: bool = False  # append new entities to the existing store (old ids kept)
     progress: bool = True
     buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
     run_edges: int = 2_000_000  # edges shuffled in memory at once in the bucketing pass
@@ -189,6 +195,7 @@ class Importer:
             if path_within(self.entity_path, path):
                 refuse_overlap([self.entity_path], [path])
         self.import_id: str | None = None
+        self.extending = _store_to_extend(cfg) if options.extend else None
         self.type_names = list(cfg.entities)
         self.type_index = {t: i for i, t in enumerate(self.type_names)}
 
@@ -215,7 +222,8 @@ class Importer:
                     source.path,
                     why,
                 )
-        publisher = Publisher(self.entity_path, self.edge_paths, force=self.opt.force)
+        force = self.opt.force or self.opt.extend  # an extension replaces the stores it extends
+        publisher = Publisher(self.entity_path, self.edge_paths, force=force)
         try:
             publisher.check()
         except OSError as exc:
@@ -224,8 +232,12 @@ class Importer:
             work = publisher.begin()
             summary = self._run(sources, work, publisher)
             assert self.import_id is not None
+            extends = [] if self.extending is None else [self.extending.import_id]
             kept_id = check_replacement(
-                self.entity_path, self.import_id, allow_orphans=self.opt.allow_orphans
+                self.entity_path,
+                self.import_id,
+                allow_orphans=self.opt.allow_orphans,
+                extends=[i for i in extends if i is not None],
             )
             if kept_id != self.import_id:
                 restamp(publisher, kept_id)
@@ -283,13 +295,23 @@ class Importer:
             logger.warning("--relation-type-min-count applies to dynamic relations only; ignored")
         if dropped_rels and opt.entity_min_count > 1:
             _recount(collector, all_runs, rel_remap)
+        extra = None
+        if self.extending is not None:
+            rel_names, rel_remap = extended_relations(
+                self.extending, rel_names, rel_remap, cfg.dynamic_relations
+            )
         assignments, bases, dropped_entities = self._assign(collector)
+        if self.extending is not None:
+            old = self.extending
+            grown = any(a.counts != old.counts(t) for t, a in assignments.items())
+            extra = extension_record(old, grown)
         self.import_id = write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
             relation_names=rel_names,
             dynamic_relations=cfg.dynamic_relations,
             seed=cfg.seed,
+            extra=extra,
         )
         logger.debug(
             "entities and partitions: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb()
@@ -358,13 +380,18 @@ class Importer:
             if min_count > 1:
                 keep = dictionary.all_counts() >= min_count
                 dropped[etype] = int((~keep).sum())
-            assignments[etype] = assign_partitions(
-                dictionary.names(),
-                keep,
-                self.cfg.entities[etype].num_partitions,
-                self.cfg.seed,
-                etype,
-            )
+            if self.extending is not None:
+                assignments[etype] = extend_assignment(
+                    self.extending, etype, dictionary.names(), keep, self.cfg.seed
+                )
+            else:
+                assignments[etype] = assign_partitions(
+                    dictionary.names(),
+                    keep,
+                    self.cfg.entities[etype].num_partitions,
+                    self.cfg.seed,
+                    etype,
+                )
             bases[etype] = dictionary.bases()
             collector.dictionaries[t] = ShardedDictionary(count=False)
         return assignments, bases, dropped
@@ -431,6 +458,25 @@ class Importer:
             offsets.append(a.offset_of)
             start += len(a.part_of)
         return np.concatenate(shard_base), np.concatenate(parts), np.concatenate(offsets)
+
+
+def _store_to_extend(cfg: ConfigSchema) -> EntityStore:
+    """The entity store ``--extend`` appends to, checked against the config's entity types."""
+    store = EntityStore(cfg.entity_path)  # a missing store: "no manifest", naming the path
+    if set(store.entity_types) != set(cfg.entities):
+        raise InputError(
+            f"{cfg.entity_path}: holds the entity types {sorted(store.entity_types)}, the config "
+            f"{sorted(cfg.entities)}; --extend keeps the entity types (import into another "
+            "entity_path to change them)"
+        )
+    for etype, entity in cfg.entities.items():
+        if store.num_partitions(etype) != entity.num_partitions:
+            raise InputError(
+                f"{cfg.entity_path}: entity type {etype!r} has {store.num_partitions(etype)} "
+                f"partition(s) but the config gives {entity.num_partitions}; --extend keeps "
+                "the partitioning"
+            )
+    return store
 
 
 def _recount(collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:

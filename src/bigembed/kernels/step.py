@@ -1,4 +1,9 @@
-"""One training step: gather rows, score, backpropagate, apply the fused sparse updates."""
+"""One training step: gather rows, score, backpropagate, apply the fused sparse updates.
+
+Frozen parts (``growth.freeze``, see :mod:`bigembed.train.growth`) are enforced here, in the
+update itself: ``frozen`` leading rows of a table and, with ``freeze_params``, the dense model
+parameters receive no step and keep their Adagrad state. Such steps take the eager path.
+"""
 
 from __future__ import annotations
 
@@ -50,10 +55,12 @@ class BatchTrainer:
         relation_lr: float,
         generator: torch.Generator,
         native: NativeStep | None = None,
+        freeze_params: bool = False,
     ) -> None:
         """``native``: the native step kernel for the batches it supports, as the run's kernel
         choice gives it (:meth:`bigembed.kernels.native.choice.KernelChoice.step_kernel`);
-        None keeps every batch on the eager path."""
+        None keeps every batch on the eager path. ``freeze_params``: the relation operators
+        and global embeddings are never updated."""
         self.model = model
         self.params = [p for p in model.parameters()]
         self.model_states = model_states
@@ -63,11 +70,25 @@ class BatchTrainer:
         self.gen = generator
         self.max_norm = model.spec.max_norm
         self.native = native
+        self.freeze_params = freeze_params
 
-    def step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
+    def _dense_update(self) -> None:
+        """Adagrad on the dense parameters, or with ``freeze_params`` only their gradients
+        dropped."""
+        if self.freeze_params:
+            for param in self.params:
+                param.grad = None
+            return
+        dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+
+    def step(
+        self, batch: Batch, lhs: Table, rhs: Table, frozen: tuple[int, int] = (0, 0)
+    ) -> StepStats:
+        """Train one batch; ``frozen``: how many leading rows of the lhs and rhs tables it
+        must leave unchanged (embeddings and Adagrad state)."""
         if batch.side != "both":
-            return self._query_step(batch, lhs, rhs)
-        if self.native is not None:
+            return self._query_step(batch, lhs, rhs, frozen)
+        if self.native is not None and frozen == (0, 0) and not self.freeze_params:
             done = self.native.step(
                 batch, lhs.emb, lhs.state, rhs.emb, rhs.state, self.gen, self.lr
             )
@@ -111,25 +132,28 @@ class BatchTrainer:
 
         with torch.no_grad():
             if all_negs:  # every row has a gradient: one dense row-Adagrad step per table
-                self._update_all_rows(lhs, rhs, lhs_side, rhs_side)
-                dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+                self._update_all_rows(lhs, rhs, lhs_side, rhs_side, frozen)
+                self._dense_update()
                 return self._stats(scores, batch)
-            lhs_updates = updates(lhs_side, lhs_uidx)
-            rhs_updates = updates(rhs_side, rhs_uidx)
+            lhs_updates = _unfrozen(updates(lhs_side, lhs_uidx), frozen[0])
+            rhs_updates = _unfrozen(updates(rhs_side, rhs_uidx), frozen[1])
             if lhs.emb is rhs.emb:
                 row_adagrad_update(lhs.emb, lhs.state, lhs_updates + rhs_updates, self.lr)
             else:
                 row_adagrad_update(lhs.emb, lhs.state, lhs_updates, self.lr)
                 row_adagrad_update(rhs.emb, rhs.state, rhs_updates, self.lr)
-        dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+        self._dense_update()
         return self._stats(scores, batch)
 
-    def _query_step(self, batch: Batch, lhs: Table, rhs: Table) -> StepStats:
+    def _query_step(
+        self, batch: Batch, lhs: Table, rhs: Table, frozen: tuple[int, int]
+    ) -> StepStats:
         """A batch of edges that all train the query of one side (``train_type: KvsAll``): the
         edges sharing a query ``(given entity, relation)`` share one anchor and score row."""
         side = batch.side
         given_idx, target_idx = (batch.lhs, batch.rhs) if side == "rhs" else (batch.rhs, batch.lhs)
         given_tab, target_tab = (lhs, rhs) if side == "rhs" else (rhs, lhs)
+        given_frozen, target_frozen = frozen if side == "rhs" else frozen[::-1]
         nrel = self.model.num_relations
         keys, query_of_edge = torch.unique(given_idx * nrel + batch.rel, return_inverse=True)
         query_given = torch.div(keys, nrel, rounding_mode="floor")
@@ -157,10 +181,14 @@ class BatchTrainer:
                     whole.index_add_(0, query_given, given_grad)
             elif given_grad is not None:
                 row_adagrad_update(
-                    given_tab.emb, given_tab.state, [(query_given, given_grad)], self.lr
+                    given_tab.emb,
+                    given_tab.state,
+                    _unfrozen([(query_given, given_grad)], given_frozen),
+                    self.lr,
                 )
-            all_rows_adagrad_update(target_tab.emb, target_tab.state, whole, self.lr)
-        dense_adagrad_update(self.params, self.model_states, self.relation_lr)
+            f = target_frozen
+            all_rows_adagrad_update(target_tab.emb[f:], target_tab.state[f:], whole[f:], self.lr)
+        self._dense_update()
         stats = self._stats(scores, batch)
         # Every edge is in one tail-query batch and one head-query batch per epoch: it counts
         # as trained in its tail-query batch.
@@ -168,16 +196,21 @@ class BatchTrainer:
         return stats
 
     def _update_all_rows(
-        self, lhs: Table, rhs: Table, lhs_side: SideEmbeddings, rhs_side: SideEmbeddings
+        self,
+        lhs: Table,
+        rhs: Table,
+        lhs_side: SideEmbeddings,
+        rhs_side: SideEmbeddings,
+        frozen: tuple[int, int],
     ) -> None:
         """The dense update of :mod:`bigembed.kernels.all_rows` (both sides summed first when
         they share one table)."""
         grads = [whole_table_gradient(lhs_side), whole_table_gradient(rhs_side)]
         if lhs.emb is rhs.emb and grads[0] is not None and grads[1] is not None:
             grads = [grads[0].add_(grads[1]), None]
-        for table, grad in zip((lhs, rhs), grads, strict=True):
+        for table, grad, f in zip((lhs, rhs), grads, frozen, strict=True):
             if grad is not None:
-                all_rows_adagrad_update(table.emb, table.state, grad, self.lr)
+                all_rows_adagrad_update(table.emb[f:], table.state[f:], grad[f:], self.lr)
 
     @staticmethod
     def _stats(scores: BatchScores, batch: Batch) -> StepStats:
@@ -189,3 +222,15 @@ class BatchTrainer:
             violators_rhs=violators_rhs,
             count=len(batch),
         )
+
+
+def _unfrozen(updates: list[tuple[Tensor, Tensor]], first: int) -> list[tuple[Tensor, Tensor]]:
+    """``updates`` without the rows below ``first`` (frozen rows get no step)."""
+    if first <= 0:
+        return updates
+    kept = []
+    for rows, grad in updates:
+        keep = rows >= first
+        if bool(keep.any()):
+            kept.append((rows[keep], grad[keep]))
+    return kept

@@ -15,8 +15,10 @@ from .edges import (
     write_edge_manifest,
 )
 from .entities import (
+    EXTENDS,
     EntityStore,
     EntityTypeInfo,
+    Extension,
     content_import_id,
     is_legacy_import_id,
     write_entity_store,
@@ -44,6 +46,7 @@ __all__ = [
     "DYNAMIC_REL_NAMES",
     "EDGE_FORMAT",
     "ENTITY_FORMAT",
+    "EXTENDS",
     "FORMAT_VERSION",
     "IMPORT_ID",
     "MANIFEST",
@@ -54,6 +57,7 @@ __all__ = [
     "EdgeStore",
     "EntityStore",
     "EntityTypeInfo",
+    "Extension",
     "bucket_dir",
     "check_edges_import",
     "check_edges_relations",

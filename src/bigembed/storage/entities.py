@@ -12,6 +12,11 @@ the first import stays usable. The edge stores bucketed against this store recor
 mix of stores from different imports is detected
 (:func:`bigembed.storage.edges.check_edges_import`); a checkpoint records it as well.
 Stores written before content-derived ids carry a random id (:func:`is_legacy_import_id`).
+
+A store made by ``bigembed import --extend`` records in ``extends`` every import it extends
+(:class:`Extension`, oldest first): each one's id and counts per partition. The entities of
+such an import are the first ``counts[type][part]`` names of each partition here, with the same
+offsets, so a model trained on it is a prefix of this store (``bigembed train`` grows it).
 """
 
 from __future__ import annotations
@@ -46,6 +51,21 @@ from bigembed.storage.format import (
 
 
 @dataclass(frozen=True)
+class Extension:
+    """An import this store extends: its id and its entity counts per type and partition (its
+    entities are the first ``counts[type][part]`` of each partition here)."""
+
+    import_id: str
+    counts: dict[str, tuple[int, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"import_id": self.import_id, "counts": {t: list(c) for t, c in self.counts.items()}}
+
+
+EXTENDS = "extends"  # manifest key: the imports this store extends, oldest first
+
+
+@dataclass(frozen=True)
 class EntityTypeInfo:
     num_partitions: int
     counts: tuple[int, ...]
@@ -69,6 +89,13 @@ class EntityStore:
             self.seed = int(data.get("seed", 0))
             found = data.get(IMPORT_ID)
             self.import_id: str | None = None if found is None else str(found)
+            self.extends = [
+                Extension(
+                    str(e["import_id"]),
+                    {str(t): tuple(int(c) for c in cs) for t, cs in e["counts"].items()},
+                )
+                for e in data.get(EXTENDS, [])
+            ]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise manifest_error(self.path, f"bad or missing field: {exc}") from None
         for name, info in self._types.items():
@@ -108,6 +135,10 @@ class EntityStore:
 
     def relation_names(self) -> list[str]:
         return list(self._relations)
+
+    def extension_of(self, import_id: str | None) -> Extension | None:
+        """The record of ``import_id`` if this store extends that import (None otherwise)."""
+        return next((e for e in self.extends if e.import_id == import_id), None)
 
     @property
     def num_relations(self) -> int:

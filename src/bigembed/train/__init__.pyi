@@ -1,3 +1,4 @@
+from .growth import Growth, frozen_rows, grow_checkpoint, pending_extension
 from .hogwild.gate import BatchGate
 from .hogwild.malloc import keep_freed_memory
 from .iteration import Iteration, iterations
@@ -20,6 +21,7 @@ __all__ = [
     "BucketSample",
     "BucketWork",
     "CostModel",
+    "Growth",
     "Iteration",
     "ModelState",
     "Observer",
@@ -37,10 +39,13 @@ __all__ = [
     "checkpoint_metadata",
     "commit_with_stats",
     "fit_from_buckets",
+    "frozen_rows",
+    "grow_checkpoint",
     "init_embeddings",
     "iterations",
     "keep_freed_memory",
     "merge_step_logs",
+    "pending_extension",
     "plot_training",
     "read_training_log",
     "resume",

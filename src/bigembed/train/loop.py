@@ -35,6 +35,7 @@ from bigembed.errors import InputError
 from bigembed.kernels import KernelChoice, StepStats, choose_kernel
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.evaluation import split_eval
+from bigembed.train.growth import FROZEN_REASON, frozen_rows
 from bigembed.train.hogwild.gate import BatchGate
 from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
@@ -165,9 +166,13 @@ class TrainingLoop:
             cfg.dynamic_relations,
             self.gate,
             group_queries=cfg.train_type == "kvsall",
+            frozen_rows=frozen_rows(cfg, self.job.entities),
+            freeze_relations="relations" in cfg.growth.freeze,
         )
         # Decided once, here: the workers load the library it names and never decide again.
         self.kernel = setup.kernel = choose_kernel(cfg.kernel, setup.model, setup.negs)
+        if setup.frozen_rows or setup.freeze_relations:
+            self.kernel = setup.kernel = KernelChoice("eager", FROZEN_REASON)
         (logger.warning if self.kernel.degraded else logger.info)("%s", self.kernel.line())
         steal = cfg.load_balancing == "cost" or self.share is not None  # a share is planned
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=steal)

@@ -74,12 +74,19 @@ def checkpoint_metadata(job: TrainingJob, it: Iteration) -> CheckpointMetadata:
 
 
 def resume(
-    job: TrainingJob, state: ModelState, checkpoint: CheckpointStore, committed: int
+    job: TrainingJob,
+    state: ModelState,
+    checkpoint: CheckpointStore,
+    committed: int,
+    *,
+    grown: bool = False,
 ) -> PartitionSource | None:
     """Load the model of version ``committed`` (or warm-start from ``init_path``).
 
     Returns where partitions are first read from in a warm start (None otherwise). A
-    checkpoint made with another chunking or another import of the graph is refused.
+    checkpoint made with another chunking or another import of the graph is refused, unless
+    ``grown``: its partitions were grown to the job's extended store
+    (:func:`bigembed.train.growth.grow_checkpoint`).
     """
     cfg = job.cfg
     if committed > 0:
@@ -90,7 +97,11 @@ def resume(
                 f"{checkpoint.path}: checkpoint was made with {made} edge chunks, "
                 f"the config now gives {job.num_chunks}; set num_edge_chunks to match"
             )
-        check_same_import(checkpoint.path, meta.import_id, job.import_id, cfg.entity_path)
+        if not grown:
+            extended = [e.import_id for e in job.entities.extends]
+            check_same_import(
+                checkpoint.path, meta.import_id, job.import_id, cfg.entity_path, extended
+            )
         logger.info("resuming from checkpoint version %d of %d", committed, job.num_steps)
         state.restore(checkpoint.load_model(committed), checkpoint.path)
         return None

@@ -20,6 +20,7 @@ from bigembed.checkpoints import CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.partition_keys import Bucket
 from bigembed.storage import record_dependent
+from bigembed.train.growth import grow_checkpoint, pending_extension
 from bigembed.train.iteration import Iteration, mix_seed
 from bigembed.train.job import ModelState, TrainingJob
 from bigembed.train.loop import BucketSource, TrainingLoop, TrainResult, standard_observers
@@ -106,8 +107,17 @@ class Trainer:
             logger.info(
                 "training already complete (%d steps) in %s", job.num_steps, self.checkpoint.path
             )
+            if committed > 0 and pending_extension(
+                job.entities, self.checkpoint.read_metadata(committed)
+            ):
+                logger.warning(
+                    "%s was extended with new entities since this model was trained; raise "
+                    "num_epochs to train them (-p num_epochs=...)",
+                    cfg.entity_path,
+                )
             return TrainResult(version=committed, steps_run=0)
-        init_source = resume(job, self.state, self.checkpoint, committed)
+        grown = grow_checkpoint(job, self.checkpoint, committed)
+        init_source = resume(job, self.state, self.checkpoint, committed, grown=grown is not None)
         shared = cfg.resolved_workers() > 1
         partitions = self.open_partitions(committed, init_source, shared)
         if shared:

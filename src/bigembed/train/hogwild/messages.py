@@ -10,7 +10,7 @@ progress through a shared board whose columns are named here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,9 @@ class WorkerSetup:
     gate: BatchGate | None = None  # passed before every batch (synchronous strategies)
     group_queries: bool = False  # train_type: KvsAll (see bigembed.buckets.batching)
     kernel: KernelChoice = EAGER  # the trainer's choice: the workers do not decide again
+    # growth.freeze: leading rows per partition no step may change; dense parameters frozen
+    frozen_rows: dict[PartitionKey, int] = field(default_factory=dict)
+    freeze_relations: bool = False
 
 
 @dataclass

@@ -124,7 +124,8 @@ def run_task(
         if gate is not None:
             gate.wait_turn(slot)
         lhs_key, rhs_key = task.sides[batch.relation_idx]
-        stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key])
+        frozen = (setup.frozen_rows.get(lhs_key, 0), setup.frozen_rows.get(rhs_key, 0))
+        stats = trainer.step(batch, task.tables[lhs_key], task.tables[rhs_key], frozen)
         total.add(stats)
         if gate is not None:
             gate.passed(slot)
@@ -142,6 +143,7 @@ def make_trainer(setup: WorkerSetup) -> BatchTrainer:
         setup.relation_lr,
         torch.Generator(),
         native=setup.kernel.step_kernel(setup.model, setup.negs),
+        freeze_params=setup.freeze_relations,
     )
 
 
