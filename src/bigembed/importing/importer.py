@@ -41,12 +41,20 @@ from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
 from bigembed.importing.dependents import check_replacement, restamp
 from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
+from bigembed.importing.features import TypeFeatures, build_features, read_pairs
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
 from bigembed.importing.relations import RelationMapper
 from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
-from bigembed.storage import index_dtype, write_edge_manifest, write_entity_store
+from bigembed.storage import (
+    FEATURES_KEY,
+    index_dtype,
+    write_edge_manifest,
+    write_entity_store,
+    write_feature_names,
+    write_features,
+)
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema
@@ -68,6 +76,7 @@ class ImportOptions:
     progress: bool = True
     buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
     run_edges: int = 2_000_000  # edges shuffled in memory at once in the bucketing pass
+    features: dict[str, Path] = field(default_factory=dict)  # featurized type -> features file
 
 
 @dataclass
@@ -188,6 +197,7 @@ class Importer:
         for path in options.inputs:
             if path_within(self.entity_path, path):
                 refuse_overlap([self.entity_path], [path])
+        _check_feature_files(cfg, options.features)
         self.import_id: str | None = None
         self.type_names = list(cfg.entities)
         self.type_index = {t: i for i, t in enumerate(self.type_names)}
@@ -284,13 +294,21 @@ class Importer:
         if dropped_rels and opt.entity_min_count > 1:
             _recount(collector, all_runs, rel_remap)
         assignments, bases, dropped_entities = self._assign(collector)
+        features = {
+            etype: build_features(read_pairs(path), assignments[etype].names)
+            for etype, path in opt.features.items()
+        }
         self.import_id = write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
             relation_names=rel_names,
             dynamic_relations=cfg.dynamic_relations,
             seed=cfg.seed,
+            extra={FEATURES_KEY: {t: {"num_features": len(f.names)} for t, f in features.items()}}
+            if features
+            else None,
         )
+        _write_type_features(work / "entities", features)
         logger.debug(
             "entities and partitions: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb()
         )
@@ -431,6 +449,44 @@ class Importer:
             offsets.append(a.offset_of)
             start += len(a.part_of)
         return np.concatenate(shard_base), np.concatenate(parts), np.concatenate(offsets)
+
+
+def _check_feature_files(cfg: ConfigSchema, files: dict[str, Path]) -> None:
+    """Every featurized type has a features file, and only featurized types have one."""
+    for etype, path in files.items():
+        if etype not in cfg.entities:
+            raise InputError(f"--features {etype}={path}: the config has no entity type {etype!r}")
+        if not cfg.entities[etype].featurized:
+            raise ConfigError(
+                f"entities.{etype}.featurized: false, but --features {etype}={path} was given "
+                "(set featurized: true to use the features)"
+            )
+    for etype, schema in cfg.entities.items():
+        if schema.featurized and etype not in files:
+            raise ConfigError(
+                f"entities.{etype}.featurized: true needs its features: pass "
+                f"--features {etype}=FILE (format: docs/FORMAT.md, 'Entity features')"
+            )
+
+
+def _write_type_features(directory: Path, features: dict[str, TypeFeatures]) -> None:
+    """The CSR and dictionary files of every featurized type (see bigembed.storage)."""
+    for etype, found in features.items():
+        write_feature_names(directory, etype, found.names)
+        for part, csr in enumerate(found.csr):
+            write_features(directory, etype, part, csr)
+        if found.empty_bags:
+            logger.warning(
+                "%s: %d entities have no features (their embedding is zero)",
+                etype,
+                found.empty_bags,
+            )
+        if found.unknown_entities:
+            logger.info(
+                "%s: %d entities of the features file are not in the graph (ignored)",
+                etype,
+                found.unknown_entities,
+            )
 
 
 def _recount(collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:

@@ -21,6 +21,14 @@ from .entities import (
     is_legacy_import_id,
     write_entity_store,
 )
+from .features import (
+    FEATURES_KEY,
+    FeatureCSR,
+    feature_names_file,
+    features_file,
+    write_feature_names,
+    write_features,
+)
 from .format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
@@ -44,6 +52,7 @@ __all__ = [
     "DYNAMIC_REL_NAMES",
     "EDGE_FORMAT",
     "ENTITY_FORMAT",
+    "FEATURES_KEY",
     "FORMAT_VERSION",
     "IMPORT_ID",
     "MANIFEST",
@@ -54,6 +63,7 @@ __all__ = [
     "EdgeStore",
     "EntityStore",
     "EntityTypeInfo",
+    "FeatureCSR",
     "bucket_dir",
     "check_edges_import",
     "check_edges_relations",
@@ -61,6 +71,8 @@ __all__ = [
     "content_import_id",
     "entity_count_file",
     "entity_names_file",
+    "feature_names_file",
+    "features_file",
     "has_manifest",
     "index_dtype",
     "is_legacy_import_id",
@@ -70,4 +82,6 @@ __all__ = [
     "record_dependent",
     "write_edge_manifest",
     "write_entity_store",
+    "write_feature_names",
+    "write_features",
 ]
