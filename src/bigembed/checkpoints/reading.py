@@ -77,7 +77,15 @@ class TrainedModel:
         """The bags of a featurized partition, from the config's entity path (cached)."""
         key = (entity_type, part)
         if key not in self._bags:
-            csr = EntityStore(self.config.entity_path).features(entity_type, part)
+            store = EntityStore(self.config.entity_path)
+            rows = self.metadata.entity_counts.get(key)
+            if rows is not None and store.num_features(entity_type) != rows:
+                raise CheckpointError(
+                    f"{store.path}: '{entity_type}' has {store.num_features(entity_type)} "
+                    f"features but the checkpoint {self.path} was trained with {rows} (were "
+                    "the features re-imported?); train again on this import"
+                )
+            csr = store.features(entity_type, part)
             self._bags[key] = FeatureBags.from_arrays(csr.offsets, csr.features, csr.weights)
         return self._bags[key]
 
