@@ -19,6 +19,7 @@ from bigembed.cli import main
 from bigembed.config import model_spec, parse_config_dict
 from bigembed.kernels import BatchTrainer, Table
 from bigembed.model import FeatureBags, ScoringModel, SideEmbeddings
+from bigembed.serving import UnknownNameError
 from bigembed.storage import EntityStore
 from support.featurized_graphs import write_featurized_graph
 
@@ -244,3 +245,12 @@ def test_features_carry_the_signal_and_unseen_items_get_embeddings(tmp_path: Pat
         assert all(fav[int(p.name[1:])] == cat[n] for p in fans)
     trained_item = model.vector("it0", type="item")
     assert np.allclose(model.embed([f"c{cat[0]}", "i0"]), trained_item, atol=1e-6)
+    ids = {name: f for f, name in enumerate(model.store.feature_names("item"))}
+    rows = np.asarray(model.trained.feature_rows("item"))
+    rows = rows + model.model.global_embs["item"].detach().numpy()  # global_emb: PBG's default
+    weighted = 0.75 * rows[ids["c1"]] + 0.25 * rows[ids["i0"]]
+    assert np.allclose(model.embed(["c1", "i0"], weights=[3, 1]), weighted, atol=1e-6)
+    both = model.embed([["c1", "i0"], ["c2"]], weights=[[3, 1], [5]])
+    assert np.allclose(both, [weighted, rows[ids["c2"]]], atol=1e-6)
+    with pytest.raises(UnknownNameError, match="none of the features"):
+        model.embed(["nope"])
