@@ -17,6 +17,7 @@ import bigembed
 from bigembed.buckets import Batch, draw_uniform, negative_settings
 from bigembed.cli import main
 from bigembed.config import model_spec, parse_config_dict
+from bigembed.errors import CheckpointError
 from bigembed.kernels import BatchTrainer, Table
 from bigembed.model import FeatureBags, ScoringModel, SideEmbeddings
 from bigembed.serving import UnknownNameError
@@ -254,3 +255,14 @@ def test_features_carry_the_signal_and_unseen_items_get_embeddings(tmp_path: Pat
     assert np.allclose(both, [weighted, rows[ids["c2"]]], atol=1e-6)
     with pytest.raises(UnknownNameError, match="none of the features"):
         model.embed(["nope"])
+
+
+def test_a_checkpoint_is_refused_when_the_features_were_reimported(small: Path) -> None:
+    (small / "f.tsv").write_text("it0\ta\nit1\tb\nit2\ta\nit3\tb\n")
+    assert run_import(small, small / "f.tsv") == 0
+    assert main(["train", str(small / "config.yaml"), "--no-progress", "-p", "num_epochs=1"]) == 0
+    assert bigembed.load(small / "model").num_entities("item") == 4
+    (small / "f.tsv").write_text("it0\ta c\nit1\tb\nit2\ta\nit3\tb\n")
+    assert run_import(small, small / "f.tsv") == 0  # same names: the same import id
+    with pytest.raises(CheckpointError, match=r"has 3 features but the checkpoint .* with 2"):
+        bigembed.load(small / "model")
