@@ -212,6 +212,16 @@ def test_a_bad_feature_line_is_one_line_naming_file_and_line(
     assert not (small / "entities" / "manifest.json").exists()  # nothing published
 
 
+def test_a_bad_parquet_row_is_named(small: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = small / "bad.parquet"
+    table = {"entity": ["it0", "it1"], "features": [["a"], ["a", "b"]], "weights": [[1.0], [2.0]]}
+    pq.write_table(pa.table(table), bad)
+    assert run_import(small, bad) != 0
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}: row 1: weights and features differ in length" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_a_featurized_type_needs_its_features(
     small: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
