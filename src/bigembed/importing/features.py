@@ -19,18 +19,25 @@ file is read into memory (it is one row per entity, much smaller than the edges)
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bigembed.errors import InputError
+from bigembed.errors import ConfigError, InputError
 from bigembed.model import normalise_bag_weights
-from bigembed.storage import FeatureCSR
+from bigembed.storage import FeatureCSR, write_feature_names, write_features
+
+if TYPE_CHECKING:
+    from bigembed.config import ConfigSchema
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -172,3 +179,41 @@ def build_features(pairs: FeaturePairs, partitions: list[pa.Array]) -> TypeFeatu
             )
         )
     return TypeFeatures(csrs, pa.array(names.tolist(), pa.string()), unknown, empty)
+
+
+def check_feature_files(cfg: ConfigSchema, files: dict[str, Path]) -> None:
+    """Every featurized type has a features file, and only featurized types have one."""
+    for etype, path in files.items():
+        if etype not in cfg.entities:
+            raise InputError(f"--features {etype}={path}: the config has no entity type {etype!r}")
+        if not cfg.entities[etype].featurized:
+            raise ConfigError(
+                f"entities.{etype}.featurized: false, but --features {etype}={path} was given "
+                "(set featurized: true to use the features)"
+            )
+    for etype, schema in cfg.entities.items():
+        if schema.featurized and etype not in files:
+            raise ConfigError(
+                f"entities.{etype}.featurized: true needs its features: pass "
+                f"--features {etype}=FILE (format: docs/FORMAT.md, 'Entity features')"
+            )
+
+
+def write_type_features(directory: Path, features: dict[str, TypeFeatures]) -> None:
+    """The CSR and dictionary files of every featurized type (see bigembed.storage)."""
+    for etype, found in features.items():
+        write_feature_names(directory, etype, found.names)
+        for part, csr in enumerate(found.csr):
+            write_features(directory, etype, part, csr)
+        if found.empty_bags:
+            logger.warning(
+                "%s: %d entities have no features (their embedding is zero)",
+                etype,
+                found.empty_bags,
+            )
+        if found.unknown_entities:
+            logger.info(
+                "%s: %d entities of the features file are not in the graph (ignored)",
+                etype,
+                found.unknown_entities,
+            )

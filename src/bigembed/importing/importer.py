@@ -41,20 +41,18 @@ from bigembed.importing.bucketing import BucketWriter, RunProcessor, SideMap
 from bigembed.importing.collect import BadRow, Collector, FileStats, SideTypes
 from bigembed.importing.dependents import check_replacement, restamp
 from bigembed.importing.dictionary import NUM_SHARDS, ShardedDictionary
-from bigembed.importing.features import TypeFeatures, build_features, read_pairs
+from bigembed.importing.features import (
+    build_features,
+    check_feature_files,
+    read_pairs,
+    write_type_features,
+)
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
 from bigembed.importing.relations import RelationMapper
 from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
-from bigembed.storage import (
-    FEATURES_KEY,
-    index_dtype,
-    write_edge_manifest,
-    write_entity_store,
-    write_feature_names,
-    write_features,
-)
+from bigembed.storage import FEATURES_KEY, index_dtype, write_edge_manifest, write_entity_store
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema
@@ -197,7 +195,7 @@ class Importer:
         for path in options.inputs:
             if path_within(self.entity_path, path):
                 refuse_overlap([self.entity_path], [path])
-        _check_feature_files(cfg, options.features)
+        check_feature_files(cfg, options.features)
         self.import_id: str | None = None
         self.type_names = list(cfg.entities)
         self.type_index = {t: i for i, t in enumerate(self.type_names)}
@@ -308,7 +306,7 @@ class Importer:
             if features
             else None,
         )
-        _write_type_features(work / "entities", features)
+        write_type_features(work / "entities", features)
         logger.debug(
             "entities and partitions: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb()
         )
@@ -449,44 +447,6 @@ class Importer:
             offsets.append(a.offset_of)
             start += len(a.part_of)
         return np.concatenate(shard_base), np.concatenate(parts), np.concatenate(offsets)
-
-
-def _check_feature_files(cfg: ConfigSchema, files: dict[str, Path]) -> None:
-    """Every featurized type has a features file, and only featurized types have one."""
-    for etype, path in files.items():
-        if etype not in cfg.entities:
-            raise InputError(f"--features {etype}={path}: the config has no entity type {etype!r}")
-        if not cfg.entities[etype].featurized:
-            raise ConfigError(
-                f"entities.{etype}.featurized: false, but --features {etype}={path} was given "
-                "(set featurized: true to use the features)"
-            )
-    for etype, schema in cfg.entities.items():
-        if schema.featurized and etype not in files:
-            raise ConfigError(
-                f"entities.{etype}.featurized: true needs its features: pass "
-                f"--features {etype}=FILE (format: docs/FORMAT.md, 'Entity features')"
-            )
-
-
-def _write_type_features(directory: Path, features: dict[str, TypeFeatures]) -> None:
-    """The CSR and dictionary files of every featurized type (see bigembed.storage)."""
-    for etype, found in features.items():
-        write_feature_names(directory, etype, found.names)
-        for part, csr in enumerate(found.csr):
-            write_features(directory, etype, part, csr)
-        if found.empty_bags:
-            logger.warning(
-                "%s: %d entities have no features (their embedding is zero)",
-                etype,
-                found.empty_bags,
-            )
-        if found.unknown_entities:
-            logger.info(
-                "%s: %d entities of the features file are not in the graph (ignored)",
-                etype,
-                found.unknown_entities,
-            )
 
 
 def _recount(collector: Collector, all_runs: list[RunFiles], rel_remap: np.ndarray) -> None:
