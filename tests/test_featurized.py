@@ -267,11 +267,16 @@ def test_features_carry_the_signal_and_unseen_items_get_embeddings(tmp_path: Pat
         model.embed(["nope"])
 
 
-def test_a_checkpoint_is_refused_when_the_features_were_reimported(small: Path) -> None:
+def test_a_checkpoint_is_refused_when_the_features_were_reimported(
+    small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (small / "f.tsv").write_text("it0\ta\nit1\tb\nit2\ta\nit3\tb\n")
     assert run_import(small, small / "f.tsv") == 0
     assert main(["train", str(small / "config.yaml"), "--no-progress", "-p", "num_epochs=1"]) == 0
     assert bigembed.load(small / "model").num_entities("item") == 4
+    # remapping (like conversion to PBG) would treat feature rows as entity rows: refused
+    assert main(["remap", str(small / "model")]) != 0
+    assert "featurized entity types (item) cannot be remapped" in capsys.readouterr().err
     (small / "f.tsv").write_text("it0\ta c\nit1\tb\nit2\ta\nit3\tb\n")
     assert run_import(small, small / "f.tsv") == 0  # same names: the same import id
     with pytest.raises(CheckpointError, match=r"has 3 features but the checkpoint .* with 2"):
