@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 import bigembed
-from bigembed.cli import main
+from bigembed.config import ConfigSchema, parse_config_dict
+from bigembed.edgelists import ColumnSpec
+from bigembed.importing import ImportOptions, run_import
+from bigembed.train import train
 
 
 def planted(args: argparse.Namespace, root: Path) -> dict[str, np.ndarray]:
@@ -58,7 +60,7 @@ def planted(args: argparse.Namespace, root: Path) -> dict[str, np.ndarray]:
     return {"train": train, "seen": pairs[held], "new": pairs[new], "cat": cat, "brand": brand}
 
 
-def config(root: Path, name: str, featurized: bool, args: argparse.Namespace) -> Path:
+def config(root: Path, name: str, featurized: bool, args: argparse.Namespace) -> ConfigSchema:
     data = {
         "entities": {
             "user": {"num_partitions": 1},
@@ -79,9 +81,7 @@ def config(root: Path, name: str, featurized: bool, args: argparse.Namespace) ->
         "workers": args.workers,
         "eval_fraction": 0.0,
     }
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return parse_config_dict(data)
 
 
 def filtered_mrr(
@@ -115,13 +115,16 @@ def run(args: argparse.Namespace) -> None:
         )
         for name, featurized in (("plain", False), ("featurized", True)):
             cfg = config(root, name, featurized, args)
-            imp = ["import", str(cfg), str(root / "train.tsv"), "--no-progress"]
-            imp += ["--lhs-col", "0", "--rel-col", "1", "--rhs-col", "2"]
-            if featurized:
-                imp += ["--features", f"item={root / 'features.tsv'}"]
-            assert main(imp) == 0
+            features = {"item": root / "features.tsv"} if featurized else {}
+            options = ImportOptions(
+                inputs=[root / "train.tsv"],
+                columns=ColumnSpec(lhs=0, rel=1, rhs=2),
+                progress=False,
+                features=features,
+            )
+            run_import(cfg, options)
             t0 = time.perf_counter()
-            assert main(["train", str(cfg), "--no-progress"]) == 0
+            train(cfg, progress=False)
             seconds = time.perf_counter() - t0
             model = bigembed.load(root / name / "model")
             users = model.vectors([f"u{u}" for u in range(args.users)], type="user")
