@@ -396,17 +396,20 @@ def test_same_side_partitions() -> None:
     parse_config_dict(data)
 
 
-def test_featurized_rejected() -> None:
+def test_featurized_needs_one_partition_and_one_machine() -> None:
     data = base()
-    data["entities"]["item"]["featurized"] = False  # PBG's default value loads
-    parse_config_dict(data)
     data["entities"]["item"]["featurized"] = True
-    msg = error_of(data)
+    msg = error_of(data)  # base() has 4 partitions per type
     assert len(msg.splitlines()) == 1
-    assert msg.startswith(
-        "cfg.yaml: entities.item.featurized: featurized entities are not supported by bigembed"
+    data["entities"]["item"]["num_partitions"] = 1
+    assert parse_config_dict(data).entities["item"].featurized
+    assert "entities.item.featurized: a featurized type must be unpartitioned" in msg
+    data["growth"] = {"freeze": ["old_entities"]}  # old and new items share feature rows
+    assert "growth.freeze: old_entities cannot hold with the featurized type 'item'" in error_of(
+        data
     )
-    assert "init_path" in msg  # what to do instead
+    data["growth"] = {"freeze": ["relations"]}
+    parse_config_dict(data)
 
 
 # --------------------------------------------------------------------------- PBG keys bigembed
@@ -529,13 +532,14 @@ def test_pbg_differences_table() -> None:
     assert set(PBG_DIFFERENCES) <= PBG_KEYS
     assert {k for k in keys if pbg_status(k) == "new"} == keys - PBG_KEYS
     # every key that is refused or ignored is marked, and says so in its description
-    refused_or_ignored = {"num_gpus", "half_precision", "entities.TYPE.featurized", *IGNORED_KEYS}
+    refused_or_ignored = {"num_gpus", "half_precision", *IGNORED_KEYS}
     assert refused_or_ignored <= set(PBG_DIFFERENCES)
     described = {key: text for key, _, _, text in config_keys()}
     for key in IGNORED_KEYS:
         assert "ignored" in described[key], key
-    for key in ("num_gpus", "half_precision", "entities.TYPE.featurized"):
+    for key in ("num_gpus", "half_precision"):
         assert "must be" in described[key], key
+    assert "entities.TYPE.featurized" in PBG_DIFFERENCES
 
 
 @pytest.mark.parametrize("operator", ["linear", "affine"])

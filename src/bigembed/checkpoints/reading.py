@@ -33,7 +33,7 @@ from bigembed.checkpoints.metadata import CheckpointMetadata, PartitionCounts, c
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.config import ConfigSchema, model_spec, parse_config_dict
 from bigembed.errors import BigembedError, CheckpointError, InputError
-from bigembed.model import ScoringModel
+from bigembed.model import FeatureBags, ScoringModel
 from bigembed.storage import EntityStore
 
 VERSIONS = ("latest", "best")
@@ -68,11 +68,41 @@ class TrainedModel:
     metadata: CheckpointMetadata
     # the embedding files of this version, open since the load (see the module docstring)
     files: dict[tuple[str, int], BinaryIO] = field(default_factory=dict, repr=False)
+    _bags: dict[tuple[str, int], FeatureBags] = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def entity_counts(self) -> PartitionCounts:
-        """Rows per (entity type, partition), as the metadata records them."""
-        return self.metadata.entity_counts
+        """Entities per (entity type, partition): the metadata's rows, except for a featurized
+        type, whose stored rows are its features (its entities are its bags)."""
+        counts = dict(self.metadata.entity_counts)
+        for key in counts:
+            if self.is_featurized(key[0]):
+                counts[key] = len(self.feature_bags(*key))
+        return counts
+
+    def is_featurized(self, entity_type: str) -> bool:
+        entity = self.config.entities.get(entity_type)
+        return entity is not None and bool(entity.featurized)
+
+    def feature_bags(self, entity_type: str, part: int) -> FeatureBags:
+        """The bags of a featurized partition, from the config's entity path (cached)."""
+        key = (entity_type, part)
+        if key not in self._bags:
+            store = EntityStore(self.config.entity_path)
+            rows = self.metadata.entity_counts.get(key)
+            if rows is not None and store.num_features(entity_type) != rows:
+                raise CheckpointError(
+                    f"{store.path}: '{entity_type}' has {store.num_features(entity_type)} "
+                    f"features but the checkpoint {self.path} was trained with {rows} (were "
+                    "the features re-imported?); train again on this import"
+                )
+            csr = store.features(entity_type, part)
+            self._bags[key] = FeatureBags.from_arrays(csr.offsets, csr.features, csr.weights)
+        return self._bags[key]
+
+    def feature_rows(self, entity_type: str, part: int = 0) -> np.ndarray:
+        """A featurized type's stored feature embeddings (memory-mapped, read-only)."""
+        return self._mapped(entity_type, part, self.metadata.entity_counts.get((entity_type, part)))
 
     @property
     def relation_names(self) -> list[str]:
@@ -117,7 +147,20 @@ class TrainedModel:
         self, entity_type: str, part: int, *, writable: bool = False
     ) -> np.ndarray:
         """One partition's stored embeddings as a memory map (read-only unless ``writable``,
-        which maps copy-on-write), checked against the metadata's (count, dimension)."""
+        which maps copy-on-write), checked against the metadata's (count, dimension).
+
+        A featurized type's entity embeddings are computed here (the weighted mean of their
+        features' rows, :class:`bigembed.model.FeatureBags`), in memory."""
+        if self.is_featurized(entity_type):
+            features = torch.from_numpy(np.array(self.feature_rows(entity_type, part)))
+            return self.feature_bags(entity_type, part).mean(features).numpy()
+        return self._mapped(
+            entity_type, part, self.entity_counts.get((entity_type, part)), writable
+        )
+
+    def _mapped(
+        self, entity_type: str, part: int, count: int | None, writable: bool = False
+    ) -> np.ndarray:
         path = self.store.embeddings_path(entity_type, part, self.version)
         opened = self.files.get((entity_type, part))
         if opened is not None:
@@ -129,7 +172,6 @@ class TrainedModel:
                 raise CheckpointError(f"{path}: missing (incomplete checkpoint?)") from None
             except (OSError, ValueError) as exc:
                 raise CheckpointError(f"{path}: unreadable embeddings ({exc})") from None
-        count = self.entity_counts.get((entity_type, part))
         dim = self.config.entity_dimension(entity_type)
         if array.ndim != 2 or array.shape[1] != dim or (count is not None and len(array) != count):
             raise CheckpointError(

@@ -10,6 +10,7 @@ from pathlib import Path
 from bigembed.commands.columns import FROM_CONFIG, add_column_arguments, configured
 from bigembed.config import add_config_arguments, config_from_args
 from bigembed.edgelists import FORMATS, ColumnSpec, TextOptions
+from bigembed.errors import InputError
 from bigembed.importing import ImportOptions, run_import
 from bigembed.writer_lock import hold
 
@@ -91,6 +92,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "re-bucket the edge stores; checkpoints trained on the old store grow with `bigembed "
         "train` (docs/growing.md)",
     )
+    parser.add_argument(
+        "--features",
+        action="append",
+        default=[],
+        metavar="TYPE=FILE",
+        help="the features of a featurized entity type (entity<TAB>feat1 feat2 ..., "
+        "entity<TAB>feature<TAB>weight, or Parquet entity/features[/weights]; see "
+        "docs/featurized.md); repeat per type",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument(
         "--buffer-edges", type=_positive, default=ImportOptions.buffer_edges, help=argparse.SUPPRESS
@@ -99,6 +109,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--run-edges", type=_positive, default=ImportOptions.run_edges, help=argparse.SUPPRESS
     )
     parser.set_defaults(func=run)
+
+
+def _feature_files(values: list[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values:
+        etype, sep, path = value.partition("=")
+        if not sep or not etype or not path:
+            raise InputError(f"--features {value}: expected TYPE=FILE")
+        out[etype] = Path(path)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         buffer_edges=args.buffer_edges,
         run_edges=args.run_edges,
+        features=_feature_files(args.features),
     )
     with contextlib.ExitStack() as held:  # one writer per store (bigembed.writer_lock)
         for store in dict.fromkeys([cfg.entity_path, *cfg.edge_paths]):

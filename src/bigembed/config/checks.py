@@ -102,6 +102,30 @@ def negatives_left(cfg: ConfigSchema) -> list[str]:
     return []
 
 
+def featurized_types(cfg: ConfigSchema) -> list[str]:
+    """Featurized types: unpartitioned and trained on one machine (the bags are local)."""
+    problems: list[str] = []
+    for name, entity in cfg.entities.items():
+        if not entity.featurized:
+            continue
+        if entity.num_partitions != 1:
+            problems.append(
+                f"entities.{name}.featurized: a featurized type must be unpartitioned "
+                f"(num_partitions: 1, not {entity.num_partitions}); see docs/featurized.md"
+            )
+        if cfg.num_machines > 1:
+            problems.append(
+                f"entities.{name}.featurized: featurized types train on one machine "
+                "(num_machines: 1) in this version; see docs/featurized.md"
+            )
+        if "old_entities" in cfg.growth.freeze:
+            problems.append(
+                f"growth.freeze: old_entities cannot hold with the featurized type '{name}' (its "
+                "old and new entities share feature rows); drop old_entities from growth.freeze"
+            )
+    return problems
+
+
 def distributed_settings(cfg: ConfigSchema) -> list[str]:
     """Several machines: an init method; data-parallel replicas without partition servers."""
     problems: list[str] = []
@@ -215,6 +239,7 @@ CROSS_FIELD_CHECKS: tuple[tuple[Check, bool], ...] = (
     (relation_operands, False),
     (dropout_needs_dynamic, False),
     (same_side_partitions, False),
+    (featurized_types, False),
 )
 
 

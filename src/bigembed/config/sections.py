@@ -34,12 +34,6 @@ from bigembed.config.types import (
 #: Every schema's settings: unknown keys refused, values frozen, numbers accepted as strings.
 MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
-FEATURIZED_MESSAGE = (
-    "featurized entities are not supported by bigembed (an embedding-bag model over feature "
-    "ids); precompute feature-based embeddings and start from them with init_path, or import "
-    "the features as entities of their own linked by a relation"
-)
-
 
 class EntitySchema(BaseModel):
     """One entity type (a value of ``entities``)."""
@@ -53,8 +47,9 @@ class EntitySchema(BaseModel):
     )
     featurized: Bool = Field(
         default=False,
-        description="PBG: each entity is a bag of features (embedding = mean of feature "
-        "embeddings). Not supported by bigembed: must be false (see docs/pbg_compatibility.md).",
+        description="PBG: each entity is a bag of features and its embedding is the (weighted) "
+        "mean of its features' embeddings; the features come from `bigembed import --features "
+        "TYPE=FILE`. Unpartitioned types on one machine (see docs/featurized.md).",
     )
     dimension: Int | None = Field(
         default=None,
@@ -63,13 +58,6 @@ class EntitySchema(BaseModel):
     )
 
     _norm = model_validator(mode="before")(mixed_case_to_snake)
-
-    @field_validator("featurized")
-    @classmethod
-    def _no_featurized(cls, value: bool) -> bool:
-        if value:
-            raise PydanticCustomError("unsupported", FEATURIZED_MESSAGE)
-        return value
 
 
 class RelationSchema(BaseModel):

@@ -46,12 +46,24 @@ from bigembed.importing.extension import (
     extended_relations,
     extension_record,
 )
+from bigembed.importing.features import (
+    build_features,
+    check_feature_files,
+    read_pairs,
+    write_type_features,
+)
 from bigembed.importing.partitioning import Assignment, assign_partitions
 from bigembed.importing.publish import Publisher, planned_entity_files
 from bigembed.importing.relations import RelationMapper
 from bigembed.importing.runs import RunFiles
 from bigembed.output_paths import path_within, refuse_overlap, write_error
-from bigembed.storage import EntityStore, index_dtype, write_edge_manifest, write_entity_store
+from bigembed.storage import (
+    FEATURES_KEY,
+    EntityStore,
+    index_dtype,
+    write_edge_manifest,
+    write_entity_store,
+)
 
 if TYPE_CHECKING:
     from bigembed.config import ConfigSchema
@@ -74,6 +86,7 @@ class ImportOptions:
     progress: bool = True
     buffer_edges: int = 2_000_000  # edges buffered in memory between dictionary merges
     run_edges: int = 2_000_000  # edges shuffled in memory at once in the bucketing pass
+    features: dict[str, Path] = field(default_factory=dict)  # featurized type -> features file
 
 
 @dataclass
@@ -194,6 +207,7 @@ class Importer:
         for path in options.inputs:
             if path_within(self.entity_path, path):
                 refuse_overlap([self.entity_path], [path])
+        check_feature_files(cfg, options.features)
         self.import_id: str | None = None
         self.extending = _store_to_extend(cfg) if options.extend else None
         self.type_names = list(cfg.entities)
@@ -305,6 +319,14 @@ class Importer:
             old = self.extending
             grown = any(a.counts != old.counts(t) for t, a in assignments.items())
             extra = extension_record(old, grown)
+        features = {
+            etype: build_features(read_pairs(path), assignments[etype].names)
+            for etype, path in opt.features.items()
+        }
+        if features:
+            extra = (extra or {}) | {
+                FEATURES_KEY: {t: {"num_features": len(f.names)} for t, f in features.items()}
+            }
         self.import_id = write_entity_store(
             work / "entities",
             names={etype: a.names for etype, a in assignments.items()},
@@ -313,6 +335,7 @@ class Importer:
             seed=cfg.seed,
             extra=extra,
         )
+        write_type_features(work / "entities", features)
         logger.debug(
             "entities and partitions: %.2f s, peak RSS %d MB", time.monotonic() - t0, _peak_rss_mb()
         )

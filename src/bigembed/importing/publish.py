@@ -60,6 +60,8 @@ ENTITY_PATTERNS = (
     "entity_count_*.txt",
     "entity_names_*.parquet",
     "entity_names_*.json",
+    "entity_features_*.npz",
+    "feature_names_*.parquet",
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
 )

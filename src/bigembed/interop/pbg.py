@@ -329,6 +329,15 @@ def from_pbg(
 # ---------------------------------------------------------------------- bigembed -> PBG
 
 
+def refuse_featurized(path: Path, types: list[str]) -> None:
+    """Featurized types have no per-entity parameters to convert (see docs/featurized.md)."""
+    if types:
+        raise CheckpointError(
+            f"{path}: featurized entity types ({', '.join(types)}) cannot be converted or "
+            "remapped; export their embeddings with `bigembed export`"
+        )
+
+
 def to_pbg(
     checkpoint_dir: str | os.PathLike[str],
     entity_path: str | os.PathLike[str] | None,
@@ -346,6 +355,8 @@ def to_pbg(
     out_ck, out_ent = Path(out_checkpoint).absolute(), Path(out_entity_path).absolute()
     opened = open_for_inference(checkpoint_dir, entity_path, cache_bytes=0)
     trained, store = opened.trained, opened.entities
+    featurized = [t for t in trained.config.entities if trained.is_featurized(t)]
+    refuse_featurized(trained.path, featurized)
     _refuse_existing(
         [(out_ck, "pbg-checkpoint"), (out_ent, "pbg-entities")],
         force,

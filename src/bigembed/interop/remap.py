@@ -212,6 +212,12 @@ def remap_checkpoint(
     into ``output`` (default :func:`default_output`); None when the checkpoint already matches
     that store (nothing is written)."""
     trained = load_trained(checkpoint)
+    featurized = [t for t in trained.config.entities if trained.is_featurized(t)]
+    if featurized:  # their rows are features, not entities (docs/featurized.md)
+        raise CheckpointError(
+            f"{trained.path}: featurized entity types ({', '.join(featurized)}) cannot be "
+            "remapped; train again on the new import"
+        )
     new_path = Path(entity_path if entity_path is not None else trained.config.entity_path)
     new = EntityStore(new_path)
     if trained.import_id is not None and trained.import_id == new.import_id:

@@ -1,3 +1,4 @@
+from .featurized_rows import entity_table
 from .native.build import PACKAGE_DIR, NativeUnavailable, build_library, cache_dir, find_library
 from .native.choice import EAGER, KernelChoice, choose_kernel
 from .native.eval import NativeEval
@@ -18,6 +19,7 @@ __all__ = [
     "build_library",
     "cache_dir",
     "choose_kernel",
+    "entity_table",
     "find_library",
     "row_adagrad_update",
 ]

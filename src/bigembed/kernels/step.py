@@ -12,19 +12,36 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from bigembed.buckets import Batch, gather_rows, gather_side
-from bigembed.kernels.all_rows import all_rows_adagrad_update, whole_table_gradient
+from bigembed.buckets import Batch
+from bigembed.kernels.all_rows import whole_table_gradient
+from bigembed.kernels.featurized_rows import (
+    entity_rows,
+    gather_table_side,
+    routed,
+    update_all_rows,
+)
 from bigembed.kernels.native.step import NativeStep
 from bigembed.kernels.optimizers import dense_adagrad_update, row_adagrad_update
-from bigembed.model import BatchScores, NegativeSettings, QueryBatch, ScoringModel, SideEmbeddings
+from bigembed.model import (
+    BatchScores,
+    FeatureBags,
+    NegativeSettings,
+    QueryBatch,
+    ScoringModel,
+    SideEmbeddings,
+)
 
 
 @dataclass
 class Table:
-    """One loaded partition of one entity type: embeddings and their row-Adagrad state."""
+    """One loaded partition of one entity type: embeddings and their row-Adagrad state.
+
+    A featurized type's table holds its feature rows and ``bags`` the features of each entity
+    (see :mod:`bigembed.kernels.featurized_rows`)."""
 
     emb: Tensor  # (N, D) float32, shared memory when Hogwild workers use it
     state: Tensor  # (N,) float32
+    bags: FeatureBags | None = None
 
 
 @dataclass
@@ -88,7 +105,8 @@ class BatchTrainer:
         must leave unchanged (embeddings and Adagrad state)."""
         if batch.side != "both":
             return self._query_step(batch, lhs, rhs, frozen)
-        if self.native is not None and frozen == (0, 0) and not self.freeze_params:
+        plain = lhs.bags is None and rhs.bags is None
+        if self.native is not None and plain and frozen == (0, 0) and not self.freeze_params:
             done = self.native.step(
                 batch, lhs.emb, lhs.state, rhs.emb, rhs.state, self.gen, self.lr
             )
@@ -103,11 +121,11 @@ class BatchTrainer:
         model = self.model
         rcfg = model.relation_spec(batch.relation_idx)
         all_negs = bool(rcfg.all_negs)
-        lhs_side, lhs_uidx = gather_side(
-            lhs.emb, batch.lhs, self.negs, all_negs, self.gen, self.max_norm
+        lhs_side, lhs_uidx = gather_table_side(
+            lhs, batch.lhs, self.negs, all_negs, self.gen, self.max_norm
         )
-        rhs_side, rhs_uidx = gather_side(
-            rhs.emb, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
+        rhs_side, rhs_uidx = gather_table_side(
+            rhs, batch.rhs, self.negs, all_negs, self.gen, self.max_norm
         )
         scores = model(
             lhs_side,
@@ -135,8 +153,8 @@ class BatchTrainer:
                 self._update_all_rows(lhs, rhs, lhs_side, rhs_side, frozen)
                 self._dense_update()
                 return self._stats(scores, batch)
-            lhs_updates = _unfrozen(updates(lhs_side, lhs_uidx), frozen[0])
-            rhs_updates = _unfrozen(updates(rhs_side, rhs_uidx), frozen[1])
+            lhs_updates = routed(lhs, _unfrozen(updates(lhs_side, lhs_uidx), frozen[0]))
+            rhs_updates = routed(rhs, _unfrozen(updates(rhs_side, rhs_uidx), frozen[1]))
             if lhs.emb is rhs.emb:
                 row_adagrad_update(lhs.emb, lhs.state, lhs_updates + rhs_updates, self.lr)
             else:
@@ -159,10 +177,10 @@ class BatchTrainer:
         query_given = torch.div(keys, nrel, rounding_mode="floor")
         queries = QueryBatch(
             side,
-            gather_rows(given_tab.emb, query_given, self.max_norm),
+            entity_rows(given_tab, query_given, self.max_norm),
             keys - query_given * nrel,
-            gather_rows(target_tab.emb, torch.arange(target_tab.emb.shape[0]), self.max_norm),
-            gather_rows(target_tab.emb, target_idx, self.max_norm),
+            entity_rows(target_tab, None, self.max_norm),
+            entity_rows(target_tab, target_idx, self.max_norm),
             target_idx,
             query_of_edge,
             batch.rel,
@@ -183,11 +201,10 @@ class BatchTrainer:
                 row_adagrad_update(
                     given_tab.emb,
                     given_tab.state,
-                    _unfrozen([(query_given, given_grad)], given_frozen),
+                    routed(given_tab, _unfrozen([(query_given, given_grad)], given_frozen)),
                     self.lr,
                 )
-            f = target_frozen
-            all_rows_adagrad_update(target_tab.emb[f:], target_tab.state[f:], whole[f:], self.lr)
+            update_all_rows(target_tab, whole, self.lr, target_frozen)
         self._dense_update()
         stats = self._stats(scores, batch)
         # Every edge is in one tail-query batch and one head-query batch per epoch: it counts
@@ -210,7 +227,7 @@ class BatchTrainer:
             grads = [grads[0].add_(grads[1]), None]
         for table, grad, f in zip((lhs, rhs), grads, frozen, strict=True):
             if grad is not None:
-                all_rows_adagrad_update(table.emb[f:], table.state[f:], grad[f:], self.lr)
+                update_all_rows(table, grad, self.lr, f)
 
     @staticmethod
     def _stats(scores: BatchScores, batch: Batch) -> StepStats:

@@ -1,5 +1,6 @@
 from .batch import BatchScores, Corruption, NegativeSettings, QueryBatch, SideEmbeddings
 from .comparators import Comparator, CosComparator, DotComparator
+from .featurized import FeatureBags, normalise_bag_weights
 from .names import (
     COMPARATOR_NAMES,
     COMPARATORS,
@@ -34,6 +35,7 @@ __all__ = [
     "CosComparator",
     "DiagonalOperator",
     "DotComparator",
+    "FeatureBags",
     "IdentityOperator",
     "ModelSpec",
     "NegativeSettings",
@@ -44,6 +46,7 @@ __all__ = [
     "TranslationOperator",
     "batch_negative_unmasked",
     "from_pbg",
+    "normalise_bag_weights",
     "pbg_param_name",
     "to_pbg",
 ]

@@ -36,6 +36,7 @@ from bigembed.errors import InputError
 from bigembed.ranking import KnownEdges, direction, pair_scores
 from bigembed.serving.errors import QueryError, UnknownNameError, broadcast, check_k, check_name
 from bigembed.serving.exclusions import exclusions, known_edges
+from bigembed.serving.featurized import feature_embeddings, predict_from_features
 from bigembed.serving.ids import ids_to_names, names_to_ids
 from bigembed.serving.search import exact_top_k
 from bigembed.serving.similar import (
@@ -68,6 +69,7 @@ class EmbeddingModel:
         self._relations = trained.relation_names
         self._relation_ids = {name: i for i, name in enumerate(self._relations)}
         self._known: dict[tuple[str, ...], KnownEdges] = {}
+        self._features: dict[str, dict[str, int]] = {}
 
     def __repr__(self) -> str:
         types = ", ".join(f"{t}: {self.tables.total(t):,}" for t in self.entity_types)
@@ -323,6 +325,44 @@ class EmbeddingModel:
         names = [name] if isinstance(name, str) else as_names(name)
         found = similar_to_names(self, names, k, type, metric, use_faiss, include_self)
         return found[0] if isinstance(name, str) else found
+
+    # ------------------------------------------------------------------ featurized types
+    def embed(
+        self,
+        features: Sequence[str] | Sequence[Sequence[str]],
+        *,
+        weights: Sequence[float] | Sequence[Sequence[float]] | None = None,
+        type: str | None = None,
+    ) -> np.ndarray:
+        """The embedding of an entity of a featurized type given by its features (seen in
+        training or not), as :meth:`vector` answers: the weighted mean of the features' rows
+        (plus the global embedding). A list of lists gives one row per bag. Unknown features
+        are ignored. See docs/featurized.md.
+
+        >>> model.similar(model.embed(["genre:jazz", "decade:1960"]), type="item", k=5)
+        """
+        etype, rows, single = feature_embeddings(self, features, weights, type)
+        out = self.tables.adjusted(etype, rows).numpy()
+        return out[0] if single else out
+
+    def predict_features(
+        self,
+        features: Sequence[str] | Sequence[Sequence[str]],
+        rel: str | int,
+        k: int = 10,
+        *,
+        side: str = "rhs",
+        weights: Sequence[float] | Sequence[Sequence[float]] | None = None,
+        type: str | None = None,
+    ) -> list[Prediction] | list[list[Prediction]]:
+        """:meth:`predict` for an entity of a featurized type given by its features."""
+        return predict_from_features(self, features, rel, check_k(k), side, weights, type)
+
+    def _feature_ids(self, etype: str) -> dict[str, int]:
+        if etype not in self._features:
+            names = self.store.feature_names(etype)
+            self._features[etype] = {name: i for i, name in enumerate(names)}
+        return self._features[etype]
 
     # ------------------------------------------------------------------ search helpers
     def _pairwise(self, anchors: Tensor, candidates: Tensor) -> Tensor:

@@ -23,6 +23,14 @@ from .entities import (
     is_legacy_import_id,
     write_entity_store,
 )
+from .features import (
+    FEATURES_KEY,
+    FeatureCSR,
+    feature_names_file,
+    features_file,
+    write_feature_names,
+    write_features,
+)
 from .format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
@@ -47,6 +55,7 @@ __all__ = [
     "EDGE_FORMAT",
     "ENTITY_FORMAT",
     "EXTENDS",
+    "FEATURES_KEY",
     "FORMAT_VERSION",
     "IMPORT_ID",
     "MANIFEST",
@@ -58,6 +67,7 @@ __all__ = [
     "EntityStore",
     "EntityTypeInfo",
     "Extension",
+    "FeatureCSR",
     "bucket_dir",
     "check_edges_import",
     "check_edges_relations",
@@ -65,6 +75,8 @@ __all__ = [
     "content_import_id",
     "entity_count_file",
     "entity_names_file",
+    "feature_names_file",
+    "features_file",
     "has_manifest",
     "index_dtype",
     "is_legacy_import_id",
@@ -74,4 +86,6 @@ __all__ = [
     "record_dependent",
     "write_edge_manifest",
     "write_entity_store",
+    "write_feature_names",
+    "write_features",
 ]

@@ -36,6 +36,12 @@ import pyarrow.parquet as pq
 
 from bigembed.errors import InputError
 from bigembed.partition_keys import PartitionKey
+from bigembed.storage.features import (
+    FEATURES_KEY,
+    FeatureCSR,
+    read_feature_names,
+    read_features,
+)
 from bigembed.storage.format import (
     DYNAMIC_REL_COUNT,
     DYNAMIC_REL_NAMES,
@@ -88,6 +94,9 @@ class EntityStore:
             self.dynamic_relations = bool(data["dynamic_relations"])
             self.seed = int(data.get("seed", 0))
             found = data.get(IMPORT_ID)
+            self._num_features = {
+                str(t): int(v["num_features"]) for t, v in data.get(FEATURES_KEY, {}).items()
+            }
             self.import_id: str | None = None if found is None else str(found)
             self.extends = [
                 Extension(
@@ -143,6 +152,33 @@ class EntityStore:
     @property
     def num_relations(self) -> int:
         return len(self._relations)
+
+    # ---- features (featurized types, see bigembed.storage.features)
+    def is_featurized(self, entity_type: str) -> bool:
+        return entity_type in self._num_features
+
+    def num_features(self, entity_type: str) -> int:
+        """Rows of the feature table of a featurized type."""
+        if entity_type not in self._num_features:
+            raise InputError(
+                f"{self.path}: entity type {entity_type!r} was imported without features; "
+                f"re-run `bigembed import --features {entity_type}=FILE`"
+            )
+        return self._num_features[entity_type]
+
+    def features(self, entity_type: str, part: int) -> FeatureCSR:
+        """The feature bags of one partition of a featurized type."""
+        return read_features(
+            self.path,
+            entity_type,
+            part,
+            self.count(entity_type, part),
+            self.num_features(entity_type),
+        )
+
+    def feature_names(self, entity_type: str) -> list[str]:
+        """The feature dictionary of a featurized type, index = feature id."""
+        return read_feature_names(self.path, entity_type, self.num_features(entity_type))
 
     # ---- names
     def names_array(self, entity_type: str, part: int) -> pa.Array:

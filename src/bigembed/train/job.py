@@ -18,7 +18,7 @@ from torch import Tensor
 from bigembed.checkpoints import check_checkpoint_fits, state_mismatch
 from bigembed.config import ConfigSchema, model_spec, relation_list
 from bigembed.errors import CheckpointError, ConfigError
-from bigembed.model import ScoringModel
+from bigembed.model import FeatureBags, ScoringModel
 from bigembed.partition_keys import PartitionKey
 from bigembed.storage import EdgeStore, EntityStore, check_edges_import, check_edges_relations
 
@@ -63,6 +63,11 @@ def check_graph(cfg: ConfigSchema, entities: EntityStore, edge_stores: list[Edge
                 f"entities.{etype}.num_partitions: config says {want} but the graph at "
                 f"{cfg.entity_path} was imported with {have}; re-run bigembed import"
             )
+        if cfg.entities[etype].featurized and not entities.is_featurized(etype):
+            raise ConfigError(
+                f"entities.{etype}.featurized: true but the graph at {cfg.entity_path} was "
+                f"imported without its features; re-run bigembed import --features {etype}=FILE"
+            )
     if cfg.dynamic_relations and entities.num_relations <= 0:
         raise ConfigError(f"{cfg.entity_path}: no relation types found for dynamic relations")
 
@@ -100,12 +105,27 @@ class TrainingJob:
 
     # ------------------------------------------------------------------ partitions
     def partition_counts(self) -> dict[PartitionKey, int]:
+        """Rows of each partition's table: its entities, or a featurized type's features."""
         return {
-            (t, p): self.entities.count(t, p)
+            (t, p): self.entities.num_features(t)
+            if self.cfg.entities[t].featurized
+            else self.entities.count(t, p)
             for t in self.entities.entity_types
             if t in self.cfg.entities
             for p in range(self.entities.num_partitions(t))
         }
+
+    def feature_bags(self, shared: bool) -> dict[PartitionKey, FeatureBags]:
+        """The bags of every featurized partition (in shared memory for Hogwild workers)."""
+        out = {}
+        for t, schema in self.cfg.entities.items():
+            if not schema.featurized:
+                continue
+            for p in range(self.entities.num_partitions(t)):
+                csr = self.entities.features(t, p)
+                bags = FeatureBags.from_arrays(csr.offsets, csr.features, csr.weights)
+                out[(t, p)] = bags.share_memory_() if shared else bags
+        return out
 
     def dimensions(self) -> dict[str, int]:
         return {t: self.cfg.entity_dimension(t) for t in self.cfg.entities}

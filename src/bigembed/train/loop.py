@@ -174,6 +174,11 @@ class TrainingLoop:
         if setup.frozen_rows or setup.freeze_relations:
             self.kernel = setup.kernel = KernelChoice("eager", FROZEN_REASON)
         (logger.warning if self.kernel.degraded else logger.info)("%s", self.kernel.line())
+        featurized = [t for t, e in cfg.entities.items() if e.featurized]
+        if featurized and self.kernel.kernel == "native":
+            logger.info(
+                "batches of featurized types (%s) run on the eager step", ", ".join(featurized)
+            )
         steal = cfg.load_balancing == "cost" or self.share is not None  # a share is planned
         pool = HogwildPool(setup, cfg.resolved_workers(), steal=steal)
         self.partitions.on_release = pool.forget

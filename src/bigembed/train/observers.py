@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from bigembed.buckets import negative_settings
 from bigembed.config import ConfigSchema
-from bigembed.kernels import Table
+from bigembed.kernels import Table, entity_table
 from bigembed.model import ScoringModel
 from bigembed.partition_keys import Bucket, BucketSides, PartitionKey
 from bigembed.ranking import EvalPlan, RankingSums, UnitResult, evaluate_edges
@@ -156,9 +156,14 @@ class WithheldEdgeEval(Observer):
         h = work.held_out
         i, j = work.bucket
         seed = mix_seed(self.seed, 4, work.it.index, i, j)
+        tables, run_eval = work.tables, work.run_eval
+        if any(t.bags is not None for t in tables.values()):
+            # Featurized types are ranked by their entity rows (bag means), computed here.
+            tables = {k: Table(entity_table(t), t.state) for k, t in tables.items()}
+            run_eval = None
         return evaluate_edges(
             self.model,
-            work.tables,
+            tables,
             work.sides,
             h.lhs,
             h.rhs,
@@ -167,7 +172,7 @@ class WithheldEdgeEval(Observer):
             self.negs,
             self.batch_size,
             seed,
-            work.run_eval,
+            run_eval,
         )
 
     def step_started(self, it: Iteration, num_edges: int) -> None:

@@ -62,8 +62,10 @@ def checkpoint_metadata(job: TrainingJob, it: Iteration) -> CheckpointMetadata:
             edge_chunk_idx=it.chunk,
             num_edge_chunks=job.num_chunks,
         ),
-        entity_counts={
-            (t, p): entities.count(t, p)
+        entity_counts={  # rows of each stored table (a featurized type's: its features)
+            (t, p): entities.num_features(t)
+            if t in cfg.entities and cfg.entities[t].featurized
+            else entities.count(t, p)
             for t in entities.entity_types
             for p in range(entities.num_partitions(t))
         },

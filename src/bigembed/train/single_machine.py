@@ -186,7 +186,7 @@ class Trainer:
         """The partition store of a run resumed at ``committed``, swapping to ``checkpoint``
         (default: this run's; a data-parallel replica swaps to its own scratch store)."""
         counts = self.job.partition_counts()
-        return self.partitions_type(
+        store = self.partitions_type(
             counts,
             self.job.dimensions(),
             checkpoint or self.checkpoint,
@@ -200,6 +200,8 @@ class Trainer:
             capacity=self.memory.capacity,
             background=self.cfg.partition_prefetch,
         )
+        store.bags = self.job.feature_bags(shared)
+        return store
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ import torch
 from bigembed.checkpoints import CheckpointStore
 from bigembed.errors import BigembedError, CheckpointError
 from bigembed.kernels import Table
+from bigembed.model import FeatureBags
 from bigembed.partition_keys import PartitionKey
 
 
@@ -105,6 +106,8 @@ class PartitionValues:
         #: partitions written back over the run
         self.writes = 0
         self._lock = threading.Lock()  # the counters are updated from I/O threads too
+        #: the feature bags of featurized partitions (their tables hold feature rows)
+        self.bags: dict[PartitionKey, FeatureBags] = {}
 
     def table_bytes(self, key: PartitionKey) -> int:
         return self.counts[key] * (self.dims[key[0]] + 1) * 4
@@ -131,7 +134,7 @@ class PartitionValues:
         else:
             emb = torch.empty((count, dim))
             state = torch.zeros(count)
-        return Table(emb, state)
+        return Table(emb, state, self.bags.get(key))
 
     def _load(self, key: PartitionKey) -> Table:
         """A partition's latest value: this run's working version, else the committed one.
