@@ -110,6 +110,7 @@ def main() -> None:
     p.add_argument("--exact-queries", type=int, default=200, help="queries of the exact scan")
     p.add_argument("--kind", default="auto", choices=("auto", "flat", "hnsw", "ivfpq"))
     p.add_argument("--m", type=int, default=32)
+    p.add_argument("--ef-construction", type=int, default=200)
     p.add_argument("--ef-search", type=int, default=128)
     p.add_argument("--nprobe", type=int)
     p.add_argument("--rerank", type=int, default=10)
@@ -122,7 +123,12 @@ def main() -> None:
     del emb
     queries = table(max(args.queries, args.exact_queries), args.dim, args.intrinsic, seed=1)
     knobs = IndexKnobs(
-        kind=args.kind, m=args.m, ef_search=args.ef_search, nprobe=args.nprobe, rerank=args.rerank
+        kind=args.kind,
+        m=args.m,
+        ef_construction=args.ef_construction,
+        ef_search=args.ef_search,
+        nprobe=args.nprobe,
+        rerank=args.rerank,
     )
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     (_, (info,)), build_s = timed(lambda: build_indexes(ckpt, knobs=knobs))
