@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,h5]"
+	$(PY) -m pip install -q -e ".[dev,h5,ann]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -65,7 +65,7 @@ def test_help_lists_every_command_in_registry_order() -> None:
     assert [c for c in listed if c in COMMANDS] == list(COMMANDS.names)
     assert listed == [
         "demo", "datasets", "init", "split", "import", "config", "train", "tune", "eval", "export",
-        "predict", "similar", "convert", "remap", "plot", "launch", "partition-server",
+        "predict", "similar", "index", "convert", "remap", "plot", "launch", "partition-server",
         "build-kernels",
     ]  # fmt: skip
 

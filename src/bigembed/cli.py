@@ -49,6 +49,7 @@ COMMANDS: Registry[Callable[[Any], None]] = Registry(
         ("eval", f"{_CMD}.eval_cmd:register"),
         ("export", f"{_CMD}.export_cmd:register"),
         ("predict", f"{_CMD}.query_cmd:register"),
+        ("index", f"{_CMD}.index_cmd:register"),
         ("convert", f"{_CMD}.convert_cmd:register"),
         ("remap", f"{_CMD}.remap_cmd:register"),
         ("plot", f"{_CMD}.plot_cmd:register"),

@@ -21,6 +21,9 @@ Layout of ``checkpoint_path`` (documented in docs/FORMAT.md):
 ``epoch_{E}/``, ``best/``
     Snapshots kept by ``checkpoint_preservation_interval`` and by early stopping (hard links to
     that version's files; ``best/best.json`` says which version).
+``index/v{N}/{type}.faiss`` / ``{type}.json``
+    Approximate-nearest-neighbour indexes built by ``bigembed index`` from version N (see
+    :mod:`bigembed.serving.ann_files`).
 """
 
 from __future__ import annotations
@@ -50,12 +53,29 @@ VERSIONED = re.compile(r"^(?P<stem>.+)\.v(?P<version>\d+)\.(?P<ext>npy|pt|json)$
 # ".XXXXXXXX"), link_partition's copy fallback (".NAME.tmp"), preserve's ".epoch_E.tmp/".
 TMP_FILE = re.compile(r"^\.(?P<name>.+?)(?:\.[a-z0-9_]{8})?\.tmp$")
 TMP_SNAPSHOT = re.compile(r"^\.(?:epoch_\d+|best)(?:\.old)?\.tmp$")
+INDEX_DIR = "index"  # bigembed index's FAISS indexes, one v{N}/ per checkpoint version
+# v{N}/, or atomic_directory's temporaries of it (".v{N}.XXXXXXXX.tmp" / ".old")
+INDEX_VERSION_DIR = re.compile(r"^(?:v\d+|\.v\d+\.[a-z0-9_]+\.(?:tmp|old))$")
+INDEX_FILE = re.compile(r"^[^/]+\.(?:faiss|json)$")
 OWN_NAMES = {VERSION_FILE, STATS_FILE, CONFIG_FILE, FRESH_MARKER, VALIDATION_FILE, BEST_FILE}
 
 
 def is_own_name(name: str) -> bool:
     """A file name bigembed writes in a checkpoint directory."""
     return name in OWN_NAMES or VERSIONED.match(name) is not None
+
+
+def is_own_index(path: Path) -> bool:
+    """``index/`` holding only what ``bigembed index`` writes: ``v{N}/`` folders (or their
+    temporaries) of ``.faiss`` and ``.json`` files."""
+    if path.name != INDEX_DIR or not path.is_dir() or path.is_symlink():
+        return False
+    for sub in path.iterdir():
+        if not (INDEX_VERSION_DIR.match(sub.name) and sub.is_dir() and not sub.is_symlink()):
+            return False
+        if not all(INDEX_FILE.match(f.name) and f.is_file() for f in sub.iterdir()):
+            return False
+    return True
 
 
 def is_own_temporary(name: str) -> bool:

@@ -7,7 +7,8 @@ whose metadata record validates, when it holds the first version of a run in pro
 interrupted (:data:`START_OVER_MARKER`, written before anything is deleted and removed last, so
 that a start-over killed half-way can be run again). Only bigembed's own names are deleted:
 versioned files, the version file, the stats, config and validation logs, bigembed's
-temporaries, and the ``epoch_N/`` and ``best/`` snapshots when they hold nothing else. Any
+temporaries, and the ``epoch_N/`` and ``best/`` snapshots and the ``index/`` of
+``bigembed index`` when they hold nothing else. Any
 other file is left where it is (and named in the log).
 """
 
@@ -23,6 +24,7 @@ from bigembed.checkpoints.layout import (
     BEST_DIR,
     FRESH_MARKER,
     VERSION_FILE,
+    is_own_index,
     is_own_name,
     is_own_temporary,
     remove_temporaries,
@@ -77,6 +79,7 @@ def start_over(path: str | Path) -> int:
         for p in directory.iterdir()
         if (p.is_file() and (is_own_name(p.name) or p.name == START_OVER_MARKER))
         or _own_snapshot(p)
+        or is_own_index(p)
     ]
     if not own and not any(is_own_temporary(p.name) for p in directory.iterdir()):
         return 0

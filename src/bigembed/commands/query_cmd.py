@@ -88,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="scan every entity even when bigembed index built an index of this version",
+    )
     p.add_argument("--entity-path", help="entity names (default: the checkpoint config's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_version_argument(p)
@@ -124,7 +129,13 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.filtered is not None:
         filtered = args.filtered if args.filtered else True
     preds = model.predict(
-        entity, rel, k=args.k, side=side, filtered=filtered, include_self=args.include_self
+        entity,
+        rel,
+        k=args.k,
+        side=side,
+        filtered=filtered,
+        include_self=args.include_self,
+        exact=args.exact,
     )
     edge = f"({entity}, {args.rel}, ?)" if side == "rhs" else f"(?, {args.rel}, {entity})"
     what = "tails" if side == "rhs" else "heads"
@@ -139,7 +150,9 @@ def run_similar(args: argparse.Namespace) -> int:
     from bigembed.serving import load
 
     model = load(checkpoint_of(args.checkpoint_dir, args), args.entity_path, version="latest")
-    options = dict(k=args.k, type=args.type, metric=args.metric, use_faiss=args.faiss)
+    options = dict(
+        k=args.k, type=args.type, metric=args.metric, use_faiss=args.faiss, exact=args.exact
+    )
     given = [args.name, *args.more]
     if args.vector:
         read = [read_vectors(v) for v in given]

@@ -34,6 +34,8 @@ from torch import Tensor
 from bigembed.checkpoints import EntityTables, TrainedModel
 from bigembed.errors import InputError
 from bigembed.ranking import KnownEdges, direction, pair_scores
+from bigembed.serving.ann_files import IndexCache
+from bigembed.serving.ann_search import index_predict
 from bigembed.serving.errors import QueryError, UnknownNameError, broadcast, check_k, check_name
 from bigembed.serving.exclusions import exclusions, known_edges
 from bigembed.serving.featurized import feature_embeddings, predict_from_features
@@ -70,6 +72,8 @@ class EmbeddingModel:
         self._relation_ids = {name: i for i, name in enumerate(self._relations)}
         self._known: dict[tuple[str, ...], KnownEdges] = {}
         self._features: dict[str, dict[str, int]] = {}
+        #: ``bigembed index``'s indexes of this version, read at first use (docs/ann_index.md)
+        self.indexes = IndexCache(trained, {t: tables.total(t) for t in self.entity_types})
 
     def __repr__(self) -> str:
         types = ", ".join(f"{t}: {self.tables.total(t):,}" for t in self.entity_types)
@@ -179,6 +183,7 @@ class EmbeddingModel:
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
         include_self: bool = False,
         exclude_self: bool | None = None,
+        exact: bool = False,
     ) -> list[Prediction]: ...
 
     @overload
@@ -192,6 +197,7 @@ class EmbeddingModel:
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
         include_self: bool = False,
         exclude_self: bool | None = None,
+        exact: bool = False,
     ) -> list[list[Prediction]]: ...
 
     @torch.no_grad()
@@ -205,6 +211,7 @@ class EmbeddingModel:
         filtered: bool | Sequence[str | os.PathLike[str]] = False,
         include_self: bool = False,
         exclude_self: bool | None = None,
+        exact: bool = False,
     ) -> list[Prediction] | list[list[Prediction]]:
         """The ``k`` best completions of ``(entity, rel, ?)`` (``side="rhs"``, the default) or
         of ``(?, rel, entity)`` (``side="lhs"``), against every entity of the type.
@@ -216,7 +223,8 @@ class EmbeddingModel:
         default now, is still accepted). One query (a name) gives a list of
         :class:`Prediction`; a list of names gives one such list per name. Excluded and
         filtered candidates are left out, so fewer than ``k`` come back when ``k`` exceeds
-        what is left.
+        what is left. When ``bigembed index`` built an index of the candidates' type for this
+        version, it proposes the candidates (scores stay exact); ``exact=True`` scans all.
 
         >>> [p.name for p in model.predict("paris", "capital_of", k=1)]
         ['france']
@@ -240,9 +248,12 @@ class EmbeddingModel:
             )
             same_type = d.source_type == d.target_type
             exclude = exclusions(known, given, rel_ids[rows], side, leave_out_self and same_type)
-            top = exact_top_k(
-                self.tables, anchors, d.target_type, k, d.candidates, self._pairwise, exclude
-            )
+            target = (d.target_type, side, ridx)
+            top = None if exact else index_predict(self, target, anchors, d.candidates, k, exclude)
+            if top is None:
+                top = exact_top_k(
+                    self.tables, anchors, d.target_type, k, d.candidates, self._pairwise, exclude
+                )
             for row, best in zip(rows, top, strict=True):
                 results[row] = self._predictions(d.target_type, best)
         return results[0] if single else results
@@ -259,6 +270,7 @@ class EmbeddingModel:
         metric: str = "cos",
         use_faiss: bool = False,
         include_self: bool = False,
+        exact: bool = False,
     ) -> list[Prediction]: ...
 
     @overload
@@ -271,6 +283,7 @@ class EmbeddingModel:
         metric: str = "cos",
         use_faiss: bool = False,
         include_self: bool = False,
+        exact: bool = False,
     ) -> list[list[Prediction]]: ...
 
     @overload
@@ -283,6 +296,7 @@ class EmbeddingModel:
         metric: str = "cos",
         use_faiss: bool = False,
         include_self: bool = False,
+        exact: bool = False,
     ) -> list[Prediction] | list[list[Prediction]]: ...
 
     @torch.no_grad()
@@ -295,6 +309,7 @@ class EmbeddingModel:
         metric: str = "cos",
         use_faiss: bool = False,
         include_self: bool = False,
+        exact: bool = False,
     ) -> list[Prediction] | list[list[Prediction]]:
         """The ``k`` entities closest to ``name``: an entity name, a list of names (one answer
         each, a list of lists) or a vector (a numpy array or torch tensor of the embedding
@@ -305,9 +320,11 @@ class EmbeddingModel:
         ``metric``: "cos" (cosine similarity), "dot" (inner product) or "l2" (score = minus the
         Euclidean distance). A named entity itself is left out of its answer unless
         ``include_self`` (then it comes first for "cos" and "l2").
-        Exact search, chunked over partitions; ``use_faiss=True`` uses FAISS for each block
-        when it is installed (and falls back to the exact torch search, with a warning, when
-        it is not).
+        When ``bigembed index`` built an index of the type for this version with the same
+        metric, it proposes the neighbours (scores stay exact); otherwise, or with
+        ``exact=True``, an exact search, chunked over partitions, where ``use_faiss=True``
+        uses FAISS for each block when it is installed (and falls back to the exact torch
+        search, with a warning, when it is not).
 
         >>> [p.name for p in model.similar("paris", k=3)]
         ['lyon', 'marseille', 'nice']
@@ -320,10 +337,10 @@ class EmbeddingModel:
         k = check_k(k)
         vectors = as_vectors(name)
         if vectors is not None:
-            found = similar_to_vectors(self, vectors, k, type, metric, use_faiss)
+            found = similar_to_vectors(self, vectors, k, type, metric, use_faiss, exact)
             return found[0] if np.ndim(name) == 1 else found
         names = [name] if isinstance(name, str) else as_names(name)
-        found = similar_to_names(self, names, k, type, metric, use_faiss, include_self)
+        found = similar_to_names(self, names, k, type, metric, use_faiss, include_self, exact)
         return found[0] if isinstance(name, str) else found
 
     # ------------------------------------------------------------------ featurized types

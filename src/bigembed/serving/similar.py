@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bigembed.serving.ann_search import approximate_top_k
 from bigembed.serving.errors import QueryError, UnknownNameError, check_name, show_values
 from bigembed.serving.nearest import faiss_available
 from bigembed.serving.search import exact_top_k, faiss_top_k, similarity
@@ -78,6 +79,7 @@ def similar_to_names(
     metric: str,
     use_faiss: bool,
     include_self: bool,
+    exact: bool = False,
 ) -> list[list[Prediction]]:
     """One answer per name; the names of one type are searched as one batch."""
     types = types_of(model, names, etype)
@@ -87,7 +89,7 @@ def similar_to_names(
         ids = model._ids(t, [names[i] for i in rows])
         stored = model.tables.adjusted(t, model.tables.gather(t, ids))
         want = k if include_self else k + 1  # one more, then drop the query entity
-        found = _search(model, stored, t, want, metric, use_faiss)
+        found = _search(model, stored, t, want, metric, use_faiss, exact)
         for row, own, best in zip(rows, ids.tolist(), found, strict=True):
             if not include_self:
                 best = [(i, s) for i, s in best if i != own][:k]
@@ -102,6 +104,7 @@ def similar_to_vectors(
     etype: str | None,
     metric: str,
     use_faiss: bool,
+    exact: bool = False,
 ) -> list[list[Prediction]]:
     """One answer per row of ``vectors`` among the entities of ``etype`` (needed only when
     the model has several types); no entity is left out."""
@@ -111,21 +114,43 @@ def similar_to_vectors(
         raise QueryError(
             f"query vectors have {vectors.shape[1]} values but {t!r} embeddings have {dim}"
         )
-    found = _search(model, torch.from_numpy(vectors), t, k, metric, use_faiss)
+    found = _search(model, torch.from_numpy(vectors), t, k, metric, use_faiss, exact)
     return [model._predictions(t, best) for best in found]
 
 
 def _search(
-    model: EmbeddingModel, queries: Tensor, etype: str, k: int, metric: str, use_faiss: bool
+    model: EmbeddingModel,
+    queries: Tensor,
+    etype: str,
+    k: int,
+    metric: str,
+    use_faiss: bool,
+    exact: bool,
 ) -> list[list[tuple[int, float]]]:
     """The k best (global id, score) per query row; ``queries`` are already adjusted (global
-    embedding added), the candidates are adjusted block by block."""
+    embedding added), the candidates are adjusted block by block. Through ``bigembed
+    index``'s index of ``etype`` when there is one of ``metric`` and not ``exact``."""
 
     def prep(x: Tensor) -> Tensor:
         x = model.tables.adjusted(etype, x)
         return torch.nn.functional.normalize(x, dim=-1) if metric == "cos" else x
 
     query = torch.nn.functional.normalize(queries, dim=-1) if metric == "cos" else queries
+    ann = None if exact else model.indexes.get(etype)
+    if ann is not None and ann.info.metric != metric:
+        model.indexes.note(
+            f"the {etype!r} index is for metric {ann.info.metric}, not {metric}; "
+            "scanning every entity exactly"
+        )
+    elif ann is not None:
+
+        def rescore(ids: np.ndarray) -> Tensor:
+            rows = prep(model.tables.gather(etype, ids.reshape(-1))).reshape(*ids.shape, -1)
+            if metric == "l2":
+                return -torch.linalg.vector_norm(rows - query.unsqueeze(1), dim=-1)
+            return (rows @ query.unsqueeze(-1))[..., 0]
+
+        return approximate_top_k(ann, query, k, rescore, None)
     if use_faiss and not faiss_available():
         logger.warning("FAISS is not installed; using the exact torch search")
         use_faiss = False
