@@ -13,7 +13,7 @@ from bigembed.config import model_spec, parse_config_dict
 from bigembed.errors import ConfigError
 from bigembed.model import QueryBatch, ScoringModel, SideEmbeddings
 from bigembed.model import scoring as scoring_module
-from bigembed.model.relation_prediction import relation_scores
+from bigembed.model.relation_prediction import general_relation_scores, relation_scores
 from bigembed.model.spec import ModelSpec, RelationSpec
 from support.steps import NO_NEGATIVES as ALL
 from support.steps import fresh_tables, fresh_trainer, perturbed_model
@@ -83,17 +83,32 @@ def test_loss_adds_the_hand_computed_relation_cross_entropy(loss_of) -> None:  #
         assert loss_of(_distmult(weight)) - base == pytest.approx(_hand_value(weight), rel=1e-5)
 
 
-def test_complex_relation_scores_are_products_of_h_and_t_with_every_relation() -> None:
-    """ComplEx: the scores of (h, ?, t) are the features (h ∘ conj t) times every relation's
-    (real, imag) parameters, as Chen et al. write them."""
-    model = perturbed_model("complex_diagonal")
-    op = model.lhs_operator()
-    h, t = torch.randn(5, 8), torch.randn(5, 8)
-    hr, hi, tr, ti = h[:, :4], h[:, 4:], t[:, :4], t[:, 4:]
-    feats = torch.cat([hr * tr + hi * ti, hr * ti - hi * tr], 1)
-    params = torch.cat([op.real, op.imag], 1).detach()
-    got = relation_scores(op, model.comparator, h, t, 3).detach()
-    assert torch.allclose(got, feats @ params.t(), atol=1e-5)
+@pytest.mark.parametrize("operator", ["complex_diagonal", "diagonal", "translation"])
+@pytest.mark.parametrize("comparator", ["dot", "cos"])
+def test_relation_scores_equal_the_operator_applied_to_every_relation(
+    operator: str, comparator: str
+) -> None:
+    """The relation scores (the (h ∘ t) product for DistMult/ComplEx with dot) and their
+    gradients equal those of each relation's operator applied to h and compared with t; for
+    ComplEx they are the features (h ∘ conj t) times every relation's parameters."""
+    model = perturbed_model(operator, comparator)
+    op, cmp = model.lhs_operator(), model.comparator
+    h0, t0 = torch.randn(5, 8), torch.randn(5, 8)
+    got, ref = [], []
+    for fn, out in ((relation_scores, got), (general_relation_scores, ref)):
+        model.zero_grad()
+        h, t = h0.clone().requires_grad_(), t0.clone().requires_grad_()
+        scores = fn(op, cmp, h, cmp.prepare(t), 3)
+        (scores * torch.arange(15.0).view(5, 3)).sum().backward()
+        out += [scores.detach(), h.grad, t.grad]
+        out += [p.grad.clone() for p in op.parameters()]
+    for a, b in zip(got, ref, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    if operator == "complex_diagonal" and comparator == "dot":
+        hr, hi, tr, ti = h0[:, :4], h0[:, 4:], t0[:, :4], t0[:, 4:]
+        feats = torch.cat([hr * tr + hi * ti, hr * ti - hi * tr], 1)
+        params = torch.cat([op.real, op.imag], 1).detach()
+        assert torch.allclose(got[0], feats @ params.t(), atol=1e-5)
 
 
 def _spec(weight: float) -> ModelSpec:

@@ -132,8 +132,8 @@ class ConfigSchema(BaseModel):
         "et al. 2021) in train_type 1vsAll/KvsAll: each training edge (h, r, t) also adds this "
         "weight times the softmax cross-entropy of r among all relation types scored for "
         "(h, ?, t) (the tail-query operator of every relation applied to h, compared with t). "
-        "0 = off. Needs dynamic_relations; costs one (edges x relations x dimension) product "
-        "per batch.",
+        "0 = off. Needs dynamic_relations, loss_fn: softmax and comparator dot or cos; costs "
+        "one (edges x relations x dimension) product per batch.",
     )
     relation_dropout: Float = Field(
         default=0.0,
