@@ -397,14 +397,13 @@ def test_same_side_partitions() -> None:
     parse_config_dict(data)
 
 
-def test_featurized_needs_one_partition_and_one_machine() -> None:
-    data = base()
+def test_featurized_types_may_be_partitioned_and_distributed() -> None:
+    data = base()  # 4 partitions per type
     data["entities"]["item"]["featurized"] = True
-    msg = error_of(data)  # base() has 4 partitions per type
-    assert len(msg.splitlines()) == 1
-    data["entities"]["item"]["num_partitions"] = 1
     assert parse_config_dict(data).entities["item"].featurized
-    assert "entities.item.featurized: a featurized type must be unpartitioned" in msg
+    data["num_machines"] = 2
+    data["distributed_init_method"] = "tcp://127.0.0.1:1"
+    assert parse_config_dict(data).entities["item"].featurized
     data["growth"] = {"freeze": ["old_entities"]}  # old and new items share feature rows
     assert "growth.freeze: old_entities cannot hold with the featurized type 'item'" in error_of(
         data

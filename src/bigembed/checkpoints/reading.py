@@ -73,11 +73,12 @@ class TrainedModel:
     @cached_property
     def entity_counts(self) -> PartitionCounts:
         """Entities per (entity type, partition): the metadata's rows, except for a featurized
-        type, whose stored rows are its features (its entities are its bags)."""
+        type, whose one stored table (partition 0) holds its features: the entities of each of
+        its partitions are that partition's bags."""
         counts = dict(self.metadata.entity_counts)
-        for key in counts:
-            if self.is_featurized(key[0]):
-                counts[key] = len(self.feature_bags(*key))
+        for etype in {t for t, _ in counts if self.is_featurized(t)}:
+            for part in range(self.num_partitions(etype)):
+                counts[(etype, part)] = len(self.feature_bags(etype, part))
         return counts
 
     def is_featurized(self, entity_type: str) -> bool:
@@ -89,7 +90,7 @@ class TrainedModel:
         key = (entity_type, part)
         if key not in self._bags:
             store = EntityStore(self.config.entity_path)
-            rows = self.metadata.entity_counts.get(key)
+            rows = self.metadata.entity_counts.get((entity_type, 0))
             if rows is not None and store.num_features(entity_type) != rows:
                 raise CheckpointError(
                     f"{store.path}: '{entity_type}' has {store.num_features(entity_type)} "
@@ -100,9 +101,10 @@ class TrainedModel:
             self._bags[key] = FeatureBags.from_arrays(csr.offsets, csr.features, csr.weights)
         return self._bags[key]
 
-    def feature_rows(self, entity_type: str, part: int = 0) -> np.ndarray:
-        """A featurized type's stored feature embeddings (memory-mapped, read-only)."""
-        return self._mapped(entity_type, part, self.metadata.entity_counts.get((entity_type, part)))
+    def feature_rows(self, entity_type: str) -> np.ndarray:
+        """A featurized type's stored feature embeddings (memory-mapped, read-only): one table,
+        stored as partition 0, shared by all the type's partitions."""
+        return self._mapped(entity_type, 0, self.metadata.entity_counts.get((entity_type, 0)))
 
     @property
     def relation_names(self) -> list[str]:
@@ -152,7 +154,7 @@ class TrainedModel:
         A featurized type's entity embeddings are computed here (the weighted mean of their
         features' rows, :class:`bigembed.model.FeatureBags`), in memory."""
         if self.is_featurized(entity_type):
-            features = torch.from_numpy(np.array(self.feature_rows(entity_type, part)))
+            features = torch.from_numpy(np.array(self.feature_rows(entity_type)))
             return self.feature_bags(entity_type, part).mean(features).numpy()
         return self._mapped(
             entity_type, part, self.entity_counts.get((entity_type, part)), writable

@@ -103,22 +103,10 @@ def negatives_left(cfg: ConfigSchema) -> list[str]:
 
 
 def featurized_types(cfg: ConfigSchema) -> list[str]:
-    """Featurized types: unpartitioned and trained on one machine (the bags are local)."""
+    """Featurized types: their old and new entities share feature rows, so none is frozen."""
     problems: list[str] = []
     for name, entity in cfg.entities.items():
-        if not entity.featurized:
-            continue
-        if entity.num_partitions != 1:
-            problems.append(
-                f"entities.{name}.featurized: a featurized type must be unpartitioned "
-                f"(num_partitions: 1, not {entity.num_partitions}); see docs/featurized.md"
-            )
-        if cfg.num_machines > 1:
-            problems.append(
-                f"entities.{name}.featurized: featurized types train on one machine "
-                "(num_machines: 1) in this version; see docs/featurized.md"
-            )
-        if "old_entities" in cfg.growth.freeze:
+        if entity.featurized and "old_entities" in cfg.growth.freeze:
             problems.append(
                 f"growth.freeze: old_entities cannot hold with the featurized type '{name}' (its "
                 "old and new entities share feature rows); drop old_entities from growth.freeze"

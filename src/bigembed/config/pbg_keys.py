@@ -13,8 +13,8 @@ IGNORED_KEYS: dict[str, str] = {
 #: Every PBG key whose behaviour in bigembed differs from PBG's, with how (see
 #: docs/pbg_compatibility.md); ``bigembed config keys`` marks them.
 PBG_DIFFERENCES: dict[str, str] = {
-    "entities.TYPE.featurized": "unpartitioned types on one machine; every negative mode "
-    "(PBG: batch negatives only); features from `bigembed import --features`",
+    "entities.TYPE.featurized": "every negative mode (PBG: batch negatives only), partitioned "
+    "or not, distributed; features from `bigembed import --features`",
     "init_scale": "independent N(0,1) samples seeded by (seed, type, partition); PBG tiles one "
     "random block",
     "checkpoint_preservation_interval": "snapshots are hard links in epoch_N/ (PBG: symlinks)",

@@ -8,10 +8,9 @@ in the direction of failing early with a clear message instead of crashing mid-r
 * checks PBG only makes at runtime (same-side partition counts, ``global_emb`` with dynamic
   relations, even dimensions for ``complex_diagonal``, N3 with ``linear``/``affine``) run here
   (:mod:`bigembed.config.checks`);
-* ``num_gpus > 0`` and ``half_precision`` are rejected (CPU only); ``featurized`` types must
-  be unpartitioned and trained on one machine; PBG's partition-server tuning keys are
-  accepted and ignored, with a warning when changed. :mod:`bigembed.config.pbg_keys` lists
-  every key that behaves differently.
+* ``num_gpus > 0`` and ``half_precision`` are rejected (CPU only); PBG's partition-server
+  tuning keys are accepted and ignored, with a warning when changed.
+  :mod:`bigembed.config.pbg_keys` lists every key that behaves differently.
 
 bigembed-only keys: ``seed``, ``compute_dtype``, ``distributed_timeout``, the ``communication``
 section and others (see their descriptions). The nested sections are

@@ -49,7 +49,7 @@ class EntitySchema(BaseModel):
         default=False,
         description="PBG: each entity is a bag of features and its embedding is the (weighted) "
         "mean of its features' embeddings; the features come from `bigembed import --features "
-        "TYPE=FILE`. Unpartitioned types on one machine (see docs/featurized.md).",
+        "TYPE=FILE`; its partitions share one feature table (see docs/featurized.md).",
     )
     dimension: Int | None = Field(
         default=None,

@@ -39,8 +39,10 @@ EVENT_LOG = "lock_events.jsonl"
 
 
 def side_keys(cfg: ConfigSchema, bucket: Bucket) -> SideKeys:
-    """The partitioned (lockable) keys of a bucket's lhs and rhs sides."""
-    parted = {t for t, e in cfg.entities.items() if e.num_partitions > 1}
+    """The partitioned (lockable) keys of a bucket's lhs and rhs sides. A featurized type's
+    partitions are not locked: they hold no parameters of their own (their bags are read-only)
+    and share the type's feature table, which is synced like the other shared parameters."""
+    parted = {t for t, e in cfg.entities.items() if e.num_partitions > 1 and not e.featurized}
     sides = bucket_sides(cfg, bucket)
     lhs = frozenset(k for k, _ in sides if k[0] in parted)
     rhs = frozenset(k for _, k in sides if k[0] in parted)

@@ -72,10 +72,15 @@ class ReplicaSync(Observer):
         return names, tensors
 
     def shared_tensors(self, tables: dict[PartitionKey, Table]) -> SharedTensors:
-        """The model and ``tables``, with the tables as row tables."""
+        """The model and ``tables``, with the tables as row tables; a table seen under several
+        keys (the partitions of a featurized type share its feature table) counts once."""
         names, tensors = self._model_tensors()
         rows: dict[int, int] = {}
+        seen: set[int] = set()
         for (etype, part), table in sorted(tables.items()):
+            if id(table.emb) in seen:
+                continue
+            seen.add(id(table.emb))
             rows[len(tensors)] = len(tensors) + 1
             names += [f"emb/{etype}/{part}", f"emb_state/{etype}/{part}"]
             tensors += [table.emb, table.state]

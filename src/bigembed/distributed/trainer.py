@@ -186,9 +186,11 @@ class DistributedTrainer:
             deadline=TRANSFER_DEADLINE * ctx.timeout,
             on_event=self._log_transfer,
         )
+        partitions.bags = job.feature_bags(shared)
         if shared:  # before the sharer holds views of them (share_memory_ moves the storage)
             self.state.move_to_shared_memory()
-        partitions.ensure(())  # the unpartitioned (shared) tables stay resident from now on
+        # the unpartitioned and feature tables (shared) stay resident from now on
+        partitions.ensure(())
         if not access.shared:
             assert self.partition_client is not None
             seed_partition_servers(ctx, partitions, self.partition_client)

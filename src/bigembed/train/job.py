@@ -105,15 +105,22 @@ class TrainingJob:
 
     # ------------------------------------------------------------------ partitions
     def partition_counts(self) -> dict[PartitionKey, int]:
-        """Rows of each partition's table: its entities, or a featurized type's features."""
+        """Rows of each stored table: a partition's entities, or a featurized type's features.
+
+        A featurized type has one feature table, whatever its partitions: stored as partition
+        0, shared by all its partitions (each holds only its bags; :meth:`table_key`)."""
+        types = [t for t in self.entities.entity_types if t in self.cfg.entities]
+        featurized = {t for t in types if self.cfg.entities[t].featurized}
         return {
-            (t, p): self.entities.num_features(t)
-            if self.cfg.entities[t].featurized
-            else self.entities.count(t, p)
-            for t in self.entities.entity_types
-            if t in self.cfg.entities
-            for p in range(self.entities.num_partitions(t))
+            (t, p): self.entities.num_features(t) if t in featurized else self.entities.count(t, p)
+            for t in types
+            for p in range(1 if t in featurized else self.entities.num_partitions(t))
         }
+
+    def table_key(self, key: PartitionKey) -> PartitionKey:
+        """The stored table partition ``key`` uses: its own, or its featurized type's one
+        feature table (partition 0)."""
+        return (key[0], 0) if self.cfg.entities[key[0]].featurized else key
 
     def feature_bags(self, shared: bool) -> dict[PartitionKey, FeatureBags]:
         """The bags of every featurized partition (in shared memory for Hogwild workers)."""
@@ -131,11 +138,13 @@ class TrainingJob:
         return {t: self.cfg.entity_dimension(t) for t in self.cfg.entities}
 
     def unpartitioned(self, counts: dict[PartitionKey, int]) -> list[PartitionKey]:
-        """The keys of the unpartitioned types: every bucket needs them, they stay resident."""
+        """The tables every bucket may need, resident for the whole run: those of the
+        unpartitioned types and the feature tables of the featurized types (features are not
+        partitioned: every partition of the type uses them)."""
         return [
             (t, 0)
-            for t in self.cfg.entities
-            if self.cfg.entities[t].num_partitions == 1 and (t, 0) in counts
+            for t, e in self.cfg.entities.items()
+            if (e.num_partitions == 1 or e.featurized) and (t, 0) in counts
         ]
 
 

@@ -50,6 +50,10 @@ class CheckpointPolicy(Protocol):
 def checkpoint_metadata(job: TrainingJob, it: Iteration) -> CheckpointMetadata:
     """The metadata record of version ``it.version`` (read by resume, inference, conversion)."""
     cfg, entities = job.cfg, job.entities
+
+    def featurized(t: str) -> bool:
+        return t in cfg.entities and cfg.entities[t].featurized
+
     return CheckpointMetadata(
         version=it.version,
         config=config_to_dict(cfg),
@@ -62,12 +66,12 @@ def checkpoint_metadata(job: TrainingJob, it: Iteration) -> CheckpointMetadata:
             edge_chunk_idx=it.chunk,
             num_edge_chunks=job.num_chunks,
         ),
-        entity_counts={  # rows of each stored table (a featurized type's: its features)
-            (t, p): entities.num_features(t)
-            if t in cfg.entities and cfg.entities[t].featurized
-            else entities.count(t, p)
+        # rows of each stored table: a partition's entities, or the one feature table of a
+        # featurized type (partition 0, shared by all its partitions; see docs/featurized.md)
+        entity_counts={
+            (t, p): entities.num_features(t) if featurized(t) else entities.count(t, p)
             for t in entities.entity_types
-            for p in range(entities.num_partitions(t))
+            for p in range(1 if featurized(t) else entities.num_partitions(t))
         },
         num_relations=job.num_relations,
         relation_names=list(entities.relation_names()),

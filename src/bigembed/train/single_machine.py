@@ -140,7 +140,7 @@ class Trainer:
         size = {k: n * (dims[k[0]] + 1) * 4 for k, n in counts.items()}
         per_bucket = max(
             (
-                len({k for pair in bucket_sides(cfg, (i, j)) for k in pair} - pinned)
+                len({job.table_key(k) for pair in bucket_sides(cfg, (i, j)) for k in pair} - pinned)
                 for i in range(partitions_per_side(cfg, "lhs"))
                 for j in range(partitions_per_side(cfg, "rhs"))
             ),
@@ -172,8 +172,11 @@ class Trainer:
         """Partition indices per side the bucket order plans for: as many as the capacity
         holds, in the unit a swap moves (one table per partitioned entity type). With
         read-ahead, the staggered ``buffer`` order reads the next partition into the slot the
-        leaving one frees, so no slot is kept for it."""
-        types = {t for t in self.cfg.entities if self.cfg.entities[t].num_partitions > 1}
+        leaving one frees, so no slot is kept for it. A featurized type's partitions share one
+        resident feature table: they take no slot."""
+        types = {
+            t for t, e in self.cfg.entities.items() if e.num_partitions > 1 and not e.featurized
+        }
         return max(2, self.memory.capacity // max(len(types), 1))
 
     def open_partitions(

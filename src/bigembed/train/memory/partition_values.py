@@ -5,6 +5,10 @@ checkpoint every partition must be in it), else the warm-start source (parameter
 initialised from the seed; in distributed mode the remote (the partition servers) is asked
 first. It is written to the remote, or as the working version to the checkpoint directory.
 
+A featurized type has one stored table (its features, as partition 0) whatever its number of
+partitions: each of its partitions is that table with its own bags (:meth:`PartitionValues.view`),
+so the feature table is read, swapped and written like an unpartitioned type's.
+
 Tables are allocated in shared memory when Hogwild workers need them. Running out of
 ``/dev/shm`` kills a process with SIGBUS (PBG's most reported crash), so the free space is
 checked before each allocation and reported as a clear error instead.
@@ -108,6 +112,24 @@ class PartitionValues:
         self._lock = threading.Lock()  # the counters are updated from I/O threads too
         #: the feature bags of featurized partitions (their tables hold feature rows)
         self.bags: dict[PartitionKey, FeatureBags] = {}
+        self._views: dict[PartitionKey, Table] = {}
+
+    def table_key(self, key: PartitionKey) -> PartitionKey:
+        """The stored table partition ``key`` uses: its own, or (a partition of a featurized
+        type that is not in ``counts``) its type's one feature table, partition 0."""
+        return key if key in self.counts or key not in self.bags else (key[0], 0)
+
+    def view(self, key: PartitionKey, stored: Table) -> Table:
+        """Partition ``key`` over the table ``stored`` holds for it: the stored table itself, or
+        for a featurized partition sharing its type's feature table, that table with the
+        partition's own bags (one view object per table, so the Hogwild workers are sent it
+        once)."""
+        if self.table_key(key) == key:
+            return stored
+        view = self._views.get(key)
+        if view is None or view.emb is not stored.emb:
+            view = self._views[key] = Table(stored.emb, stored.state, self.bags[key])
+        return view
 
     def table_bytes(self, key: PartitionKey) -> int:
         return self.counts[key] * (self.dims[key[0]] + 1) * 4

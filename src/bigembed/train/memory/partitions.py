@@ -1,8 +1,9 @@
 """Which embedding partitions are in memory, and swapping them to and from the checkpoint.
 
-Out-of-core rule: only the partitions of the current bucket (plus unpartitioned entity types,
-which every bucket needs) are resident; a partition that the next bucket also uses stays.
-Everything else lives on disk with its optimizer state. Swapped-out partitions are written as
+Out-of-core rule: only the partitions of the current bucket (plus unpartitioned entity types
+and the feature tables of featurized types, which every bucket may need) are resident; a
+partition that the next bucket also uses stays. Everything else lives on disk with its
+optimizer state. Swapped-out partitions are written as
 the in-progress version (see :mod:`bigembed.checkpoints.store`). Three ways to decide what
 leaves memory: only the current bucket's partitions (no capacity); a capacity, with evictions
 planned from the bucket order (one machine with a memory budget); or ``managed``: the bucket
@@ -215,7 +216,12 @@ class PartitionStore(PartitionValues):
     def plan(self, future: Sequence[Iterable[PartitionKey]]) -> None:
         """The partitions of the buckets to come, in order; :meth:`ensure` takes them one by
         one, evicts the partition needed furthest ahead and reads the next bucket's early."""
-        self._uses.plan([frozenset(k for k in keys if k not in self.pinned) for keys in future])
+        self._uses.plan(
+            [
+                frozenset(s for s in map(self.table_key, keys) if s not in self.pinned)
+                for keys in future
+            ]
+        )
 
     def _victim(
         self, protect: set[PartitionKey], at: int | None = None, reading: bool = False
@@ -244,7 +250,7 @@ class PartitionStore(PartitionValues):
 
     # ------------------------------------------------------------------ load / save
     def get(self, key: PartitionKey) -> Table:
-        return self.loaded[key]
+        return self.view(key, self.loaded[self.table_key(key)])
 
     def read(self, key: PartitionKey) -> Table:
         """A partition's current value in a fresh table, without making it resident."""
@@ -275,7 +281,7 @@ class PartitionStore(PartitionValues):
         I/O) and call ``then(keys)`` once all those write-backs (and any read of them still
         running) are complete: the lock client's release, so that nobody can read a partition
         before its write-back is complete. Errors surface in :meth:`check` / :meth:`drain`."""
-        out = sorted(k for k in keys if k not in self.pinned)
+        out = sorted(k for k in keys if self.table_key(k) not in self.pinned)
         after: list[Job] = []
         for key in out:
             reading = self._reading.pop(key, None)
@@ -291,7 +297,7 @@ class PartitionStore(PartitionValues):
     def evict(self, keep: Iterable[PartitionKey] = ()) -> list[PartitionKey]:
         """Swap out every resident partition except ``keep`` and the pinned ones, and wait for
         the write-backs (the lock client releases them next); returns them."""
-        want = set(keep) | self.pinned
+        want = set(map(self.table_key, keep)) | self.pinned
         self._drop_reads(want)
         out = sorted(set(self.loaded) - want)
         for key in out:
@@ -313,7 +319,8 @@ class PartitionStore(PartitionValues):
         (:meth:`_prefetch`).
         """
         started = time.perf_counter()
-        want = set(needed) | self.pinned
+        needed = set(needed)
+        want = set(map(self.table_key, needed)) | self.pinned
         if self.capacity is None and not self.managed:
             self.evict(want)
         for key in sorted(want & set(self._reading)):  # read ahead for this bucket
@@ -338,7 +345,7 @@ class PartitionStore(PartitionValues):
         self._note_peak()
         self.io_wait_seconds += time.perf_counter() - started
         self._prefetch(want)
-        return {k: self.loaded[k] for k in want}
+        return {k: self.get(k) for k in want | needed}
 
     def _prefetch(self, current: set[PartitionKey]) -> None:
         """Start reading the partitions of the planned buckets to come, in their order, as
@@ -406,6 +413,7 @@ class PartitionStore(PartitionValues):
         self.drain()
         self._reading.clear()
         self.loaded.clear()
+        self._views.clear()
         self._tables = 0
         self.close()
 
