@@ -15,6 +15,7 @@ of the catalogue, filtered (the user's other known items left out):
 
     python bench/featurized_bench.py                   # small: about a minute on 2 cores
     python bench/featurized_bench.py --users 5000 --items 3000 --edges 100000 --epochs 5
+    python bench/featurized_bench.py --partitions 2    # 2 x 2 buckets, one feature table
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def planted(args: argparse.Namespace, root: Path) -> dict[str, np.ndarray]:
 def config(root: Path, name: str, featurized: bool, args: argparse.Namespace) -> ConfigSchema:
     data = {
         "entities": {
-            "user": {"num_partitions": 1},
-            "item": {"num_partitions": 1, "featurized": featurized},
+            "user": {"num_partitions": args.partitions},
+            "item": {"num_partitions": args.partitions, "featurized": featurized},
         },
         "relations": [{"name": "likes", "lhs": "user", "rhs": "item", "operator": "none"}],
         "entity_path": str(root / name / "entities"),
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> None:
         print(
             f"graph: {args.users} users, {args.items} items (+{args.new_items} held out), "
             f"{len(g['train'])} train edges, {len(g['seen'])} seen-item and {len(g['new'])} "
-            f"new-item test edges, {args.categories} categories, {args.brands} brands"
+            f"new-item test edges, {args.categories} categories, {args.brands} brands, "
+            f"{args.partitions} partition(s) per type"
         )
         for name, featurized in (("plain", False), ("featurized", True)):
             cfg = config(root, name, featurized, args)
@@ -160,6 +162,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--partitions", type=int, default=1, help="of users and items alike")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
 
