@@ -52,6 +52,7 @@ def test_a_partitioned_featurized_type_shares_one_feature_table(tmp_path: Path) 
         edges=900,
         held_out=4,
         num_epochs=4,
+        eval_fraction=0.05,  # the withheld-edge eval ranks each item partition's bag means
         entities={
             "user": {"num_partitions": 2},
             "item": {"num_partitions": 2, "featurized": True},
@@ -84,6 +85,11 @@ def test_a_partitioned_featurized_type_shares_one_feature_table(tmp_path: Path) 
     for n in (0, 1, ITEMS - 1):  # items of either partition: the mean of their features' rows
         mean = (rows[ids[f"c{cat[n]}"]] + rows[ids[f"i{n}"]]) / 2
         assert np.allclose(model.vector(f"it{n}", type="item"), mean, atol=1e-5)
+
+    report = tmp_path / "eval.json"
+    args = ["eval", str(tmp_path / "config.yaml"), "--no-progress", "--output", str(report)]
+    assert main(args) == 0
+    assert json.loads(report.read_text())["overall"]["filtered"]["mrr"] > 0.3
 
     out = tmp_path / "export"
     assert main(["export", str(tmp_path / "model"), "--format", "tsv", "-o", str(out)]) == 0
