@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import bigembed
+from bigembed.buckets import Batch, negative_settings
 from bigembed.checkpoints import CheckpointStore
 from bigembed.cli import main
-from bigembed.config import model_spec
+from bigembed.config import model_spec, parse_config_dict
 from bigembed.distributed.replica_sync import ReplicaSync
-from bigembed.kernels import Table
+from bigembed.kernels import BatchTrainer, Table
 from bigembed.model import FeatureBags, ScoringModel
 from bigembed.storage import FEATURES_KEY, FeatureCSR, write_feature_names, write_features
 from bigembed.train import ModelState
@@ -301,3 +302,58 @@ def test_data_parallel_replicas_exchange_a_shared_feature_table_once(tmp_path: P
     assert sum(t is emb for t in shared.tensors) == 1
     assert sum(t is state for t in shared.tensors) == 1
     assert len(shared.tensors) == len(sync._model_tensors()[1]) + 4
+
+
+@pytest.mark.parametrize("all_negs", [False, True])
+def test_two_partitions_of_a_featurized_type_in_one_bucket_update_their_own_features(
+    all_negs: bool,
+) -> None:
+    """A relation item -> item, bucket (0, 1): both sides are views of the one feature table
+    with different bags. The step must update the table as if each side had its own copy
+    (the two partitions' features are disjoint here), never add the two sides' entity-row
+    gradients row by row as it does for one partition on both sides."""
+    data = {
+        "entities": {"item": {"num_partitions": 2, "featurized": True}},
+        "relations": [
+            {"name": "like", "lhs": "item", "rhs": "item", "operator": "none", "all_negs": all_negs}
+        ],
+        "entity_path": "e",
+        "edge_paths": ["x"],
+        "checkpoint_path": "m",
+        "dimension": 3,
+        "comparator": "dot",
+        "loss_fn": "softmax",
+        "batch_size": 4,
+        "num_batch_negs": 2,
+        "num_uniform_negs": 2,
+    }
+    cfg = parse_config_dict(data)
+    torch.manual_seed(0)
+    model = ScoringModel(model_spec(cfg))
+    feat = torch.randn(6, 3)
+    bags0 = FeatureBags.from_lists([[0, 1], [2], [1, 2], [0]])  # features 0-2
+    bags1 = FeatureBags.from_lists([[3], [4, 5], [5], [3, 4]])  # features 3-5
+    batch = Batch(
+        torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2]), torch.zeros(4).long(), 0, None
+    )
+
+    def step(lhs: Table, rhs: Table) -> None:
+        trainer = BatchTrainer(
+            model,
+            [torch.zeros_like(p) for p in model.parameters()],
+            negative_settings(cfg),
+            0.1,
+            0.0,
+            torch.Generator().manual_seed(3),
+        )
+        trainer.step(batch, lhs, rhs)
+
+    shared, state = feat.clone(), torch.zeros(6)
+    step(Table(shared, state, bags0), Table(shared, state, bags1))
+    own0, own1 = feat.clone(), feat.clone()
+    state0, state1 = torch.zeros(6), torch.zeros(6)
+    step(Table(own0, state0, bags0), Table(own1, state1, bags1))
+    assert not torch.equal(shared, feat)
+    assert torch.allclose(shared[:3], own0[:3], atol=1e-6)
+    assert torch.allclose(shared[3:], own1[3:], atol=1e-6)
+    assert torch.allclose(state[:3], state0[:3]) and torch.allclose(state[3:], state1[3:])

@@ -194,7 +194,7 @@ class BatchTrainer:
             if queries.targets.grad is not None:
                 whole.index_add_(0, target_idx, queries.targets.grad)
             given_grad = queries.given.grad
-            if given_tab.emb is target_tab.emb:
+            if _same_rows(given_tab, target_tab):
                 if given_grad is not None:
                     whole.index_add_(0, query_given, given_grad)
             elif given_grad is not None:
@@ -221,9 +221,9 @@ class BatchTrainer:
         frozen: tuple[int, int],
     ) -> None:
         """The dense update of :mod:`bigembed.kernels.all_rows` (both sides summed first when
-        they share one table)."""
+        they are the same entity rows)."""
         grads = [whole_table_gradient(lhs_side), whole_table_gradient(rhs_side)]
-        if lhs.emb is rhs.emb and grads[0] is not None and grads[1] is not None:
+        if _same_rows(lhs, rhs) and grads[0] is not None and grads[1] is not None:
             grads = [grads[0].add_(grads[1]), None]
         for table, grad, f in zip((lhs, rhs), grads, frozen, strict=True):
             if grad is not None:
@@ -251,3 +251,10 @@ def _unfrozen(updates: list[tuple[Tensor, Tensor]], first: int) -> list[tuple[Te
         if bool(keep.any()):
             kept.append((rows[keep], grad[keep]))
     return kept
+
+
+def _same_rows(a: Table, b: Table) -> bool:
+    """Whether two sides' entity rows are the same rows: one table, and for a featurized one
+    the same partition's bags (two partitions of a featurized type share the feature table
+    but not their entities, so their entity-row gradients never add up row by row)."""
+    return a.emb is b.emb and a.bags is b.bags
