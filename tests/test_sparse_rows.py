@@ -142,14 +142,20 @@ def _in_threads(world: int, work: Callable[[int], None]) -> None:
 
 
 def _random_changes(
-    rng: np.random.Generator, tables: list[list[torch.Tensor]], rows: int
+    rng: np.random.Generator, tables: list[list[torch.Tensor]], rows: int, every: bool = False
 ) -> list[torch.Tensor]:
-    """Every trainer changes rows 0..4 (all collide) and 3 random others, and their state."""
+    """Every trainer changes rows 0..4 (all collide) and 3 random others, and their state
+    (``every``: trainer r the rows not equal to r modulo the trainers, shuffled, so that
+    together they change every row and each of them only some)."""
     total = [torch.zeros(rows, 6, dtype=torch.float64), torch.zeros(rows, dtype=torch.float64)]
-    for table, state in tables:
+    for r, (table, state) in enumerate(tables):
         idx = torch.cat([torch.arange(5), torch.from_numpy(rng.choice(np.arange(5, rows), 3))])
-        change = torch.from_numpy(rng.normal(size=(8, 6)).astype(np.float32)) * 1e-2
-        grown = torch.from_numpy(rng.random(8).astype(np.float32)) * 1e-2
+        if every:
+            idx = torch.from_numpy(
+                rng.permutation([i for i in range(rows) if i % len(tables) != r])
+            )
+        change = torch.from_numpy(rng.normal(size=(idx.numel(), 6)).astype(np.float32)) * 1e-2
+        grown = torch.from_numpy(rng.random(idx.numel()).astype(np.float32)) * 1e-2
         table.index_add_(0, idx, change)
         state.index_add_(0, idx, grown)
         total[0].index_add_(0, idx, change.double())
@@ -157,10 +163,14 @@ def _random_changes(
     return total
 
 
-def test_row_reduce_ends_bit_identical_with_colliding_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("every", [False, True], ids=["some-rows", "every-row"])
+def test_row_reduce_ends_bit_identical_with_colliding_rows(
+    monkeypatch: pytest.MonkeyPatch, every: bool
+) -> None:
     """Three trainers change the same rows every round at int8 (arbitrary floats, so the order
     of the sum matters): every trainer ends every round with the same agreed bits, and the
-    same live bits after an assigning round, near the exact sum, the state exact."""
+    same live bits after an assigning round, near the exact sum, the state exact. ``every``:
+    each round changes every row (the reduction's path without gathers)."""
     import bigembed.communication.sparse_reduce as sparse_reduce
 
     monkeypatch.setattr(sparse_reduce, "exchange_rows", _Wire().exchange_rows)
@@ -176,7 +186,7 @@ def test_row_reduce_ends_bit_identical_with_colliding_rows(monkeypatch: pytest.M
     ]
     want = [t.double() for t in start]
     for assign in [False] * 6 + [True]:
-        total = _random_changes(rng, tables, rows)
+        total = _random_changes(rng, tables, rows, every)
         want = [w + t for w, t in zip(want, total, strict=True)]
         _in_threads(world, lambda r, a=assign: reducers[r].round(a))
         for reducer in reducers[1:]:  # the agreed rows (live ones too after an assignment)

@@ -132,8 +132,9 @@ def _drive(
                 s.gate.passed(0)
             batch += 1
         s.bucket_finished()
-    s.flush(30)
-    dist.barrier(group=side)
+    if not s.agreement_merges_everything:  # as the data-parallel trainer does at a bucket's end
+        s.flush(30)
+        dist.barrier(group=side)
     before = [t.clone() for t in tensors]  # what the rounds did, before the exact agreement
     s.agree(30)
     dist.barrier(group=side)
@@ -260,7 +261,11 @@ def test_strategy_invariant_over_gloo(
             float((t - m).abs().max()) for ts in per_rank for t, m in zip(ts, mean, strict=True)
         )
 
-    assert spread([r["before"] for r in results]) <= 0.5 * spread(alone), strategy
+    # A strategy whose agreement merges everything is not flushed first (see _drive): the
+    # batches since its last round are still unmixed, so it gets a looser bound.
+    flushed = not strategy_class(strategy).agreement_merges_everything
+    bound = 0.5 if flushed else 0.75
+    assert spread([r["before"] for r in results]) <= bound * spread(alone), strategy
     cls = strategy_class(strategy)
     if cls.synchronous:
         for rank, res in enumerate(results):

@@ -83,8 +83,10 @@ class RowReduce:
             self.live, self.last, self.feedback, strict=True
         ):
             idx = changed_rows(live, last, state, last_state, fb.pending)
-            snap, snap_state = live[idx], state[idx]
-            message, _ = fb.encode(idx, snap - last[idx], snap_state - last_state[idx], snap)
+            snap, snap_state = live.index_select(0, idx), state.index_select(0, idx)
+            delta = snap - last.index_select(0, idx)
+            delta_state = snap_state - last_state.index_select(0, idx)
+            message, _ = fb.encode(idx, delta, delta_state, snap)
             mine.append((idx, snap, snap_state, message))
         if snapped is not None:
             snapped()
@@ -113,26 +115,33 @@ class RowReduce:
         rows = torch.unique(torch.cat([d[0] for d in decoded]))  # sorted
         if rows.numel() == 0:
             return
+        every_row = rows.numel() == live.shape[0]  # rows is then arange: no gathers needed
         total = torch.zeros(rows.numel(), self.tables[k].dim)
         total_state = torch.zeros(rows.numel())
         for idx, values, changes in decoded:  # rank order: the same sum on every trainer
-            at = torch.searchsorted(rows, idx)
-            total[at] += values
-            total_state[at] += changes
+            at = idx if every_row else torch.searchsorted(rows, idx)
+            total.index_add_(0, at, values)  # a message holds a row once: no repeated index
+            total_state.index_add_(0, at, changes)
         if self.mean:
             total /= len(self.ranks)
             total_state /= len(self.ranks)
-        merged = last[rows] + total
-        merged_state = (last_state[rows] + total_state).clamp_min_(0)
+        merged = total.add_(last if every_row else last.index_select(0, rows))
+        merged_state = total_state.add_(
+            last_state if every_row else last_state.index_select(0, rows)
+        )
+        merged_state.clamp_min_(0)
         if assign:
             live.index_copy_(0, rows, merged)
             state.index_copy_(0, rows, merged_state)
         else:
-            snap, snap_state = last[rows], last_state[rows]
-            at = torch.searchsorted(rows, mine[0])
-            snap[at] = mine[1]
-            snap_state[at] = mine[2]
-            live.index_add_(0, rows, merged - snap)
-            state.index_add_(0, rows, merged_state - snap_state)
+            # what the round adds to a row: ``merged - snapshot`` for the rows this trainer
+            # sent (their snapshot), ``merged - last`` for the others (they equalled ``last``)
+            snap = last.clone() if every_row else last.index_select(0, rows)
+            snap_state = last_state.clone() if every_row else last_state.index_select(0, rows)
+            at = mine[0] if every_row else torch.searchsorted(rows, mine[0])
+            snap.index_copy_(0, at, mine[1])
+            snap_state.index_copy_(0, at, mine[2])
+            live.index_add_(0, rows, snap.neg_().add_(merged))
+            state.index_add_(0, rows, snap_state.neg_().add_(merged_state))
         last.index_copy_(0, rows, merged)
         last_state.index_copy_(0, rows, merged_state)

@@ -117,14 +117,15 @@ class RowCodec:
             _check_finite(state, f"{self.codec.name} rows")
         out[4 * k : 8 * k].view(torch.float32).copy_(state)
         if self.int8:
-            _check_finite(values, "int8 rows")
             peak = values.abs().amax(dim=1) if self.dim else torch.zeros(k)
+            _check_finite(peak, "int8 rows")  # a row's peak is NaN/inf iff one of its values is
             scales = peak / _LEVELS
             safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-            codes = (values / safe[:, None]).round_().clamp_(-_LEVELS, _LEVELS).to(torch.int8)
+            # |value / scale| <= 127 by the choice of scale: no clamp needed
+            levels = torch.div(values, safe[:, None]).round_()
             out[8 * k : 12 * k].view(torch.float32).copy_(scales)
-            out[12 * k :].view(torch.int8).copy_(codes.view(-1))
-            return out, codes.to(torch.float32) * scales[:, None]
+            out[12 * k :].view(torch.int8).view(k, self.dim).copy_(levels)  # exact: integers
+            return out, levels.mul_(scales[:, None])
         encoded = self.codec.encode(values)
         out[8 * k :].copy_(encoded.data.reshape(-1).view(torch.uint8))
         return out, self.codec.decode(encoded).reshape(k, self.dim)
@@ -162,11 +163,11 @@ class RowFeedback:
         to; ``values``: the rows' current values, which set the dead band."""
         if self.residual is None or self.pending is None:
             return self.codec.encode(idx, delta, state)
-        target = delta + self.residual[idx]
+        target = self.residual.index_select(0, idx).add_(delta)
         message, decoded = self.codec.encode(idx, target, state)
-        left = target - decoded
-        self.residual[idx] = left
-        self.pending[idx] = left.abs().amax(dim=1) > DEAD_BAND * values.abs().amax(dim=1)
+        left = target.sub_(decoded)
+        self.residual.index_copy_(0, idx, left)
+        self.pending[idx] = left.abs_().amax(dim=1) > DEAD_BAND * values.abs().amax(dim=1)
         return message, decoded
 
 

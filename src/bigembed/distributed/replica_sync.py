@@ -11,7 +11,9 @@ keeps the replicas in step with the configured communication strategy
   the bucket, with the tables marked as row tables (``SharedTensors.row_tables``) so that
   ``communication.sparse_rows`` sends only the rows changed since the last round;
 * at the end of the bucket it flushes, waits for every trainer (a barrier), agrees (afterwards
-  every trainer holds the same values), stops the strategy, and checks that the replicas are
+  every trainer holds the same values; a strategy whose agreement merges every change by
+  itself, ``Strategy.agreement_merges_everything``, skips the flush and the barrier: one
+  round per bucket end instead of two), stops the strategy, and checks that the replicas are
   equal bit for bit (a digest of every tensor, all-gathered); a strategy whose agreement is not
   bit-exact (``async_ps`` with a lossy codec) is repaired by rank 0's values, broadcast.
 
@@ -119,8 +121,9 @@ class ReplicaSync(Observer):
         timeout = self.ctx.timeout * 2
         try:
             strategy.bucket_finished()
-            strategy.flush(timeout)
-            self.ctx.barrier(f"v{work.it.version}/b{bucket}/trained")
+            if not strategy.agreement_merges_everything:  # else the agreement is the flush
+                strategy.flush(timeout)
+                self.ctx.barrier(f"v{work.it.version}/b{bucket}/trained")
             strategy.agree(timeout)
         except TimeoutError as exc:
             raise PeerError(str(exc)) from None

@@ -35,6 +35,7 @@ from bigembed.train import BatchGate
 class Allreduce(Strategy):
     centralized = True
     synchronous = True
+    agreement_merges_everything = True  # the agreement round sends every change since `last`
     mean = False
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:

@@ -101,6 +101,10 @@ class Strategy(ABC):
     #: only; do the workers wait for the exchange.
     centralized: ClassVar[bool]
     synchronous: ClassVar[bool]
+    #: True when ``agree`` alone merges every change a trainer made (a collective round over
+    #: everybody while no worker trains), so that a caller about to agree may skip ``flush``
+    #: and the barrier after it: one round per checkpoint instead of two.
+    agreement_merges_everything: ClassVar[bool] = False
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         self.env = env
