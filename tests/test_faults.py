@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from bigembed.checkpoints.store import CheckpointStore
-from support.ranks import CLI, ENV, free_port, make_graph, read_events, start_rank
+from support.ranks import CLI, ENV, free_port, make_graph, read_events, start_rank, worker_of
 
 pytestmark = pytest.mark.integration  # distributed ranks as subprocesses
 
@@ -256,9 +256,7 @@ def test_launch_max_restarts_restarts_after_a_kill(tmp_path: Path) -> None:
     )
     try:
         _wait_training(cfg, [launcher], version=2)
-        rank1 = [pid for pid in _children(launcher.pid) if "--rank" in _argv(pid)]
-        victim = next(pid for pid in rank1 if _argv(pid)[_argv(pid).index("--rank") + 1] == "1")
-        os.kill(victim, signal.SIGKILL)
+        os.kill(worker_of(launcher.pid, rank=1), signal.SIGKILL)
         out = _wait_exit(launcher, 400, "launch --max-restarts 1")
     finally:
         _kill_all([launcher])
@@ -271,18 +269,6 @@ def test_launch_max_restarts_restarts_after_a_kill(tmp_path: Path) -> None:
     events = read_events(Path(cfg.checkpoint_path) / "lock_events.jsonl")
     starts = [e["committed"] for e in events if e["event"] == "run_start"]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 2, starts
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
-
-
-def _argv(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return []
 
 
 # ---------------------------------------------------------------------- a network partition

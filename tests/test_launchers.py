@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from bigembed.checkpoints import CheckpointStore
-from bigembed.distributed import place, read_launch_env
+from bigembed.distributed import host_agent_store, place, read_launch_env
 from bigembed.distributed.launch_env import SLURM_PORT_BASE, first_host
 from bigembed.errors import ConfigError
 from bigembed.eval import evaluate_checkpoint
@@ -36,6 +37,7 @@ from support.ranks import (
     make_graph,
     read_events,
     run,
+    worker_of,
 )
 from support.withheld import withheld_mrr
 
@@ -106,6 +108,37 @@ def test_place_precedence_and_num_machines() -> None:
         place(too_many, None, TORCH)
 
 
+# ---------------------------------------------------------------------- bigembed launch's store
+def _listening(port: int) -> set[str]:
+    """The addresses a TCP socket of this machine listens on at ``port`` (/proc/net/tcp*)."""
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, words))
+    return found
+
+
+def test_the_agent_store_listens_on_the_launch_host_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's static rendezvous (what ``bigembed launch``'s agent runs) opens its TCPStore
+    master at the endpoint, on every interface; it must find bigembed's bound one instead."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    monkeypatch.delenv("BIGEMBED_BIND", raising=False)
+    store, host, port = host_agent_store(5.0)
+    assert host == "127.0.0.1"
+    params = RendezvousParameters("static", f"127.0.0.1:{port}", "run", 1, 1, rank=0)
+    info = create_rdzv_handler(params).next_rendezvous()
+    info.store.set("key", "value")
+    assert store.get("run/key") == b"value", "the rendezvous uses the bound store"
+    assert _listening(port) == {"127.0.0.1"}
+
+
 # ---------------------------------------------------------------------- real processes
 def _clean_env(**extra: str) -> dict[str, str]:
     """The tests' environment without any launcher's variables, plus ``extra``."""
@@ -167,7 +200,7 @@ def test_torchrun_restarts_a_killed_rank_and_resumes(tmp_path: Path) -> None:
         while store.committed_version() < 2 and time.monotonic() < deadline:
             assert agent.poll() is None, agent.communicate()[0]
             time.sleep(0.05)
-        killed = _worker_of(agent.pid, rank=1)
+        killed = worker_of(agent.pid, rank=1)
         os.kill(killed, signal.SIGKILL)
         out, _ = agent.communicate(timeout=90)
     finally:
@@ -182,26 +215,6 @@ def test_torchrun_restarts_a_killed_rank_and_resumes(tmp_path: Path) -> None:
     runs = [e["committed"] for e in events if e["event"] == "run_start"]
     assert len(runs) == 2 and runs[0] == 0 and runs[1] >= 2, runs
     check_events(events)
-
-
-def _worker_of(agent: int, rank: int) -> int:
-    """The pid of torchrun's worker of global rank ``rank`` (a child of the agent)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == agent and f"RANK={rank}".encode() in (
-                environ
-            ):
-                return int(pid)
-        time.sleep(0.1)
-    raise AssertionError(f"no worker of rank {rank} under torchrun's agent {agent}")
 
 
 @pytest.mark.integration

@@ -168,8 +168,8 @@ def test_import_bigembed_stays_cheap() -> None:
 
 @pytest.mark.integration
 def test_the_launcher_does_not_import_torch() -> None:
-    """``bigembed launch`` only starts and watches its ranks: importing torch there would cost
-    every launch ~2 s of CPU for nothing."""
+    """Importing ``bigembed launch``'s module stays cheap (no torch): torch, for its elastic
+    agent, is imported only when a launch runs, after the config is checked."""
     code = (
         "import sys; from bigembed.commands.launch_ranks import launch, resolve; "
         "print('torch' in sys.modules)"

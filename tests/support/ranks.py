@@ -156,3 +156,25 @@ def connect_store(port: int) -> dist.Store:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def worker_of(parent: int, rank: int, within: float = 10.0) -> int:
+    """The pid of the worker of global rank ``rank`` that torch's elastic agent ``parent``
+    (torchrun, ``bigembed launch``) started: a child of it with ``RANK=rank`` in its
+    environment."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == parent and (
+                f"RANK={rank}".encode() in environ
+            ):
+                return int(pid)
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank {rank} under the elastic agent {parent}")

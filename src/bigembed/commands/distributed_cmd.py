@@ -15,11 +15,13 @@ from bigembed.distributed import add_security_arguments, apply_security_argument
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "launch",
-        help="run every rank of a distributed training on this machine",
+        help="run every rank of a distributed training on this machine (torch's elastic agent)",
         description="Start N trainer ranks (and the partition servers, if num_partition_servers "
-        "> 0) of a distributed run on this machine, with rank-prefixed output. Without a "
-        "distributed_init_method in the config a free local port is used. If a rank fails, the "
-        "others are stopped and the exit status is non-zero.",
+        "> 0, as ranks N and up) of a distributed run on this machine with torch's elastic "
+        "agent, as torchrun would, with rank-prefixed output. Without a distributed_init_method "
+        "in the config the ranks meet in the agent's store, on a free port of 127.0.0.1 (or the "
+        "--bind address). If a rank fails, the others are stopped and the exit status is "
+        "non-zero.",
     )
     add_config_arguments(p)
     p.add_argument(
@@ -29,14 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="number of trainer ranks (default: num_machines of the config)",
     )
-    p.add_argument("--progress", action="store_true", help="progress bars of rank 0")
     p.add_argument(
         "--max-restarts",
         type=int,
         default=0,
         metavar="N",
         help="after a rank fails, stop the others and start every rank again, up to N times "
-        "(each attempt resumes from the last committed checkpoint; default 0: no restart)",
+        "(torch's elastic agent's max_restarts; each attempt resumes from the last committed "
+        "checkpoint; default 0: no restart)",
     )
     p.add_argument(
         "--eval",
@@ -44,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="EVAL_ARGS",
         help="evaluate on the ranks instead of training: every argument after --eval goes to "
-        "`bigembed eval CONFIG --rank R` (e.g. --eval --edges test.tsv --output report.json; "
+        "`bigembed eval CONFIG` on every rank (e.g. --eval --edges test.tsv --output report.json; "
         "-p overrides go before --eval); rank 0 prints and writes the report",
     )
     add_security_arguments(p)
@@ -71,7 +73,6 @@ def run_launch(args: argparse.Namespace) -> int:
         args.config,
         args.param or [],
         args.nproc,
-        progress=args.progress,
         max_restarts=args.max_restarts,
         eval_args=args.eval,
     )

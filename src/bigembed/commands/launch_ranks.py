@@ -1,34 +1,32 @@
-"""``bigembed launch CONFIG -n N``: every rank of a distributed run on this one machine.
+"""``bigembed launch CONFIG -n N``: every rank of a distributed run on this one machine, started
+by torch's elastic agent.
 
-For one big machine (several trainers sharing it, each with its own partitions in memory) and
-for tests. It picks ``tcp://127.0.0.1:FREE_PORT`` when the config names no
-``distributed_init_method``, forwards the ``-p`` overrides to every rank, starts the external
-partition servers too when ``num_partition_servers`` > 0, prefixes every output line with the
-rank it came from, and, when a rank fails, stops the others and exits non-zero. With
-``--eval EVAL_ARGS`` the ranks are those of a distributed evaluation (``bigembed eval CONFIG
---rank R EVAL_ARGS``) instead of trainers.
+A thin layer over ``torch.distributed.launcher.api`` (what ``torchrun`` runs): the agent
+(``LocalElasticAgent``, static rendezvous, this machine the only node) starts N trainers plus
+the config's external partition servers as its workers, each ``bigembed train CONFIG`` (or
+``bigembed eval CONFIG EVAL_ARGS`` with ``--eval``) with torch's ``RANK`` / ``WORLD_SIZE`` /
+``MASTER_ADDR`` / ``MASTER_PORT``, so a rank takes its place exactly as under torchrun
+(:func:`bigembed.commands.launched.placed_config`). When a worker fails, the agent stops the
+others; ``--max-restarts`` is the agent's ``max_restarts``: it starts every worker again and they
+resume from the last committed checkpoint. The same run:
+``torchrun --nnodes 1 --nproc_per_node N+S --master_addr 127.0.0.1 --master_port PORT
+--max-restarts R -m bigembed train CONFIG --no-progress`` (S: the partition servers).
 
-``--max-restarts N`` (as torchrun's): after a failure, start every rank again, up to N times;
-each attempt resumes from the last committed checkpoint, as a restart by hand would. An
-interrupt (Ctrl-C, SIGTERM of the launcher) is never restarted. The same run, with torch's
-elastic agent doing the restarts: ``torchrun --standalone --nproc_per_node K --max-restarts N
--m bigembed train CONFIG`` (K: the trainers plus the partition servers; docs/distributed.md).
+What this adds to torchrun: the rendezvous store (the agent's TCPStore) listens on a free port of
+127.0.0.1 (or the ``--bind`` address) only, instead of every interface; the ``-p`` overrides
+and the shared secret reach every worker; every output line (stdout and stderr) comes on
+stdout prefixed by its rank (``[rank 2] ...``); and a few ``[launch]`` lines say what happened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
+import tempfile
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from bigembed.config import (
     ConfigSchema,
@@ -39,30 +37,17 @@ from bigembed.config import (
 )
 from bigembed.errors import ConfigError
 
-GRACE_S = 5.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now: the rendezvous of a launch without
-    ``distributed_init_method``. Here, not in the store module, so that the launcher, which only
-    starts and watches processes, does not import torch (a heavy import for each launch)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen[str] | None = None
-    reader: threading.Thread | None = None
+INTERRUPTED = 130
+ROLE = "bigembed"
+PREFIX = "[rank ${rank}] "  # torch's log_line_prefix_template: one prefix per worker
 
 
 def resolve(
     config: str, params: Sequence[str], nproc: int | None
 ) -> tuple[ConfigSchema, list[str]]:
-    """The validated config of the run and the ``-p`` list every rank gets."""
+    """The validated config of the run and the ``-p`` list every rank gets: the config's
+    ``distributed_init_method`` if it names one, else ``env://`` (the agent's store, as under
+    torchrun)."""
     raw = normalize_keys(read_config_file(Path(config)), config)
     data = apply_overrides(raw, params, ConfigSchema, config)
     n = nproc if nproc is not None else int(data.get("num_machines") or 1)
@@ -72,169 +57,83 @@ def resolve(
         )
     forwarded = [*params, f"num_machines={n}"]
     if not data.get("distributed_init_method"):
-        forwarded.append(f"distributed_init_method=tcp://127.0.0.1:{free_port()}")
+        forwarded.append("distributed_init_method=env://")
     return load_config(config, forwarded), forwarded
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the launcher dies (Linux), so no rank outlives it."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _pump(stream: IO[str], prefix: str, lock: threading.Lock) -> None:
-    for line in stream:
-        with lock:
-            sys.stdout.write(f"{prefix} {line}" if line.endswith("\n") else f"{prefix} {line}\n")
-            sys.stdout.flush()
-
-
-def _stop(children: Sequence[Child], sig: int) -> None:
-    for c in children:
-        if c.proc is not None and c.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(c.proc.pid, sig)
-
-
-INTERRUPTED = 130
 
 
 def launch(
     config: str,
     params: Sequence[str],
     nproc: int | None,
-    progress: bool = False,
     max_restarts: int = 0,
     eval_args: Sequence[str] | None = None,
 ) -> int:
-    """Run every rank until they all finish; restart them all after a failure, up to
-    ``max_restarts`` times. Returns the exit status of the last attempt. With ``eval_args``
-    (a list, maybe empty) the ranks run ``bigembed eval CONFIG --rank R EVAL_ARGS`` instead of
-    training (no partition servers)."""
+    """Run every rank under torch's elastic agent until they all finish, or one fails
+    ``max_restarts + 1`` times. Returns 0, the failed rank's exit status (1 for a signal), or
+    130 after an interrupt. With ``eval_args`` (a list, maybe empty) the ranks run ``bigembed
+    eval CONFIG EVAL_ARGS`` instead of training (no partition servers)."""
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts {max_restarts}: must be 0 or more")
-    attempt = 0
-    while True:
-        cfg, forwarded = resolve(config, params, nproc)  # a fresh free port for each attempt
-        code = _launch_once(config, cfg, forwarded, progress, eval_args)
-        if code in (0, INTERRUPTED) or attempt >= max_restarts:
-            if code not in (0, INTERRUPTED) and max_restarts:
-                print(f"[launch] giving up after {max_restarts} restarts", flush=True)
-            return code
-        attempt += 1
-        again = "training resumes from the last committed checkpoint"
-        print(
-            f"[launch] restart {attempt} of {max_restarts}: starting every rank again "
-            f"({again if eval_args is None else 'the evaluation starts over'})",
-            flush=True,
-        )
+    cfg, forwarded = resolve(config, params, nproc)
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from bigembed.distributed import host_agent_store
 
-def _launch_once(
-    config: str,
-    cfg: ConfigSchema,
-    forwarded: list[str],
-    progress: bool,
-    eval_args: Sequence[str] | None = None,
-) -> int:
-    overrides = [arg for p in forwarded for arg in ("-p", p)]
-    base = [sys.executable, "-m", "bigembed.cli"]
-    command = ["train"] if eval_args is None else ["eval"]
-    children = [
-        Child(
-            f"rank {r}",
-            [
-                *base,
-                *command,
-                config,
-                "--rank",
-                str(r),
-                *overrides,
-                *([] if progress and r == 0 else ["--no-progress"]),
-                *(eval_args or []),
-            ],
-        )
-        for r in range(cfg.num_machines)
-    ]
     servers = max(cfg.num_partition_servers, 0) if eval_args is None else 0
-    children += [
-        Child(f"parts {s}", [*base, "partition-server", config, "--rank", str(s), *overrides])
-        for s in range(servers)
+    world = cfg.num_machines + servers
+    store, host, port = host_agent_store(cfg.distributed_timeout)
+    command = ["train" if eval_args is None else "eval", config, "--no-progress"]
+    args = [
+        "-m",
+        "bigembed.cli",
+        *command,
+        *(arg for p in forwarded for arg in ("-p", p)),
+        *(eval_args if eval_args is not None else []),
     ]
-    env = dict(os.environ)
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warnings with C++ stack traces
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.num_machines)))
-    env["PYTHONUNBUFFERED"] = "1"
-    lock = threading.Lock()
-    width = max(len(c.name) for c in children)
+    os.environ["PYTHONUNBUFFERED"] = "1"  # the agent tails the workers' log files
+    kind = "trainers" if eval_args is None else "eval ranks"
+    where = {0: "", 1: f" (rank {world - 1})"}.get(
+        servers, f" (ranks {cfg.num_machines}-{world - 1})"
+    )
+    restarts = f", up to {max_restarts} restarts" if max_restarts else ""
     print(
-        f"[launch] {cfg.num_machines} {'trainers' if eval_args is None else 'eval ranks'} + "
-        f"{servers} partition servers at {cfg.distributed_init_method}",
+        f"[launch] {cfg.num_machines} {kind} + {servers} partition servers{where} at "
+        f"{cfg.distributed_init_method}, torch's elastic agent on {host}:{port}{restarts}",
         flush=True,
     )
-    for c in children:  # all forks before any thread starts (preexec_fn and threads mix badly)
-        c.proc = subprocess.Popen(
-            c.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+    with tempfile.TemporaryDirectory(prefix="bigembed-launch-") as logs:
+        launch_config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=world,
+            run_id=f"bigembed-{uuid.uuid4().hex[:12]}",
+            role=ROLE,
+            rdzv_backend="static",
+            rdzv_endpoint=f"{host}:{port}",
+            rdzv_configs={"rank": 0},
+            max_restarts=max_restarts,
+            logs_specs=DefaultLogsSpecs(log_dir=logs, tee=Std.ALL),
+            log_line_prefix_template=PREFIX,
         )
-    for c in children:
-        assert c.proc is not None and c.proc.stdout is not None
-        prefix = f"[{c.name:<{width}}]"
-        c.reader = threading.Thread(target=_pump, args=(c.proc.stdout, prefix, lock), daemon=True)
-        c.reader.start()
-
-    interrupted: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        interrupted.append(signum)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 0
-    try:
-        while True:
-            if interrupted:
-                _stop(children, signal.SIGTERM)
-                code = INTERRUPTED
-                break
-            failed = [c for c in children if c.proc is not None and c.proc.poll() not in (None, 0)]
-            if failed:
-                first = failed[0]
-                assert first.proc is not None
-                code = first.proc.returncode if first.proc.returncode > 0 else 1
-                with lock:
-                    print(
-                        f"[launch] {first.name} exited with code {first.proc.returncode}; "
-                        "stopping the others",
-                        flush=True,
-                    )
-                _stop(children, signal.SIGTERM)
-                break
-            if all(c.proc is not None and c.proc.poll() == 0 for c in children):
-                break
-            time.sleep(0.2)
-        deadline = time.monotonic() + GRACE_S
-        for c in children:
-            assert c.proc is not None
-            try:
-                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _stop([c], signal.SIGKILL)
-                c.proc.wait()
-        for c in children:
-            if c.reader is not None:
-                c.reader.join(timeout=2)
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if code == 0:
-        print("[launch] all ranks finished", flush=True)
-    return code
+        line_by_line = getattr(sys.stdout, "reconfigure", None)  # live lines through a pipe
+        if line_by_line is not None:
+            line_by_line(line_buffering=True)
+        try:
+            # the workers' stderr joins their stdout on ours, as one rank-prefixed stream
+            with contextlib.redirect_stderr(sys.stdout):
+                elastic_launch(launch_config, sys.executable)(*args)
+        except ChildFailedError as exc:
+            rank, failure = next(iter(exc.failures.items()))
+            print(f"[launch] rank {rank} exited with code {failure.exitcode}; stopped the others")
+            if max_restarts:
+                print(f"[launch] giving up after {max_restarts} restarts")
+            return failure.exitcode if failure.exitcode > 0 else 1
+        except SignalException as exc:
+            print(f"[launch] interrupted by {exc.sigval.name}: stopped every rank")
+            return INTERRUPTED
+        finally:
+            del store  # the agent's store server lives as long as this reference
+    print("[launch] all ranks finished", flush=True)
+    return 0

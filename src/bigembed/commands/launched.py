@@ -45,12 +45,13 @@ def placed_config(
     env = placement.launch
     if env is None:
         return cfg, args.rank
+    again = "resuming from the last committed checkpoint" if partition_servers else "starting over"
     logger.info(
         "%s: rank %d of %d (local rank %d%s)",
         env.launcher,
         env.rank,
         env.world_size,
         env.local_rank,
-        f", restart {env.restart}" if env.restart else "",
+        f", restart {env.restart} of {env.max_restarts}: {again}" if env.restart else "",
     )
     return cfg, placement.rank

@@ -45,6 +45,7 @@ class LaunchEnv:
     world_size: int
     local_rank: int
     restart: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT
+    max_restarts: int = 0  # torchrun's TORCHELASTIC_MAX_RESTARTS
     master: dict[str, str] = field(default_factory=dict)  # MASTER_ADDR/PORT to export
 
 
@@ -75,6 +76,7 @@ def read_launch_env(environ: Mapping[str, str] = os.environ) -> LaunchEnv | None
             world_size=_int(environ, "WORLD_SIZE", "torchrun"),
             local_rank=_int(environ, "LOCAL_RANK", "torchrun") if "LOCAL_RANK" in environ else 0,
             restart=int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+            max_restarts=int(environ.get("TORCHELASTIC_MAX_RESTARTS") or 0),
         )
     elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
         master = {}

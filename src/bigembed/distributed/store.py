@@ -296,6 +296,36 @@ def _bound_listener(bind: str, port: int, method: str) -> socket.socket:
     return sock
 
 
+def host_agent_store(timeout: float) -> tuple[dist.Store, str, int]:
+    """The TCPStore master of a launcher's elastic agent, on a free port of ``BIGEMBED_BIND``'s
+    address (``--bind``), else of 127.0.0.1, listening there only. Returns it, the host the
+    workers reach it at (127.0.0.1 for a wildcard bind) and its port.
+
+    torch's static rendezvous opens the agent's store itself, as a TCPStore master with
+    ``multi_tenant=True``, which listens on every interface. TCPStores of one process opened
+    with ``multi_tenant`` on one port share one server: opened here first on a socket bound to
+    the address, this one is the server the rendezvous then uses. Keep the returned store
+    referenced while the agent runs."""
+    bind = os.environ.get(BIND_ENV) or "127.0.0.1"
+    host = bind
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(bind).is_unspecified:
+            host = "127.0.0.1"
+    listener = _bound_listener(bind, 0, f"tcp://{host}:0")
+    port = int(listener.getsockname()[1])
+    store = dist.TCPStore(
+        host,
+        port,
+        1,
+        is_master=True,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=listener.fileno(),
+    )
+    return store, host, port
+
+
 def _is_loopback_name(name: str, address: str) -> bool:
     """``name`` is a host name (not an address, not "localhost") that resolves to a loopback
     address, as a Debian machine's own name does (127.0.1.1 in /etc/hosts)."""
