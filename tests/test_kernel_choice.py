@@ -143,6 +143,8 @@ def _config(root: Path, **keys: object) -> Path:
         "num_batch_negs": 20,
         "num_uniform_negs": 20,
         "workers": 2,
+        # The query-entity negative (on by default within one type) has no native kernel.
+        "self_negative": False,
         **keys,
     }
     path = root / "config.yaml"

@@ -110,3 +110,12 @@ def test_config_key_reaches_training_not_evaluation() -> None:
     assert negative_settings(cfg).self_negative is False
     assert ConfigSchema.model_validate({**cfg.model_dump(), "self_negative": "auto"})
     assert negative_settings(cfg, for_eval=True).self_negative is False
+
+
+def test_native_kernel_declines_with_the_reason() -> None:
+    from bigembed.kernels.native.step import unsupported
+
+    model = _model()
+    assert "self_negative" in (unsupported(model, _negs("auto", uniform=4)) or "")
+    assert unsupported(model, _negs(False, uniform=4)) is None
+    assert unsupported(_model("a", "b"), _negs("auto", uniform=4)) is None

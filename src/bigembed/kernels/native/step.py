@@ -124,6 +124,11 @@ def unsupported(model: ScoringModel, negs: NegativeSettings) -> str | None:
         if failed:
             return f"{what} is not supported natively"
     planned = [i for i in range(len(spec.relations)) if relation_plan(model, i) is not None]
+    if planned and all(model.self_negative(negs, i) for i in planned):
+        return (
+            "self_negative (the query entity as a negative; auto: relations within one entity "
+            "type) is not supported natively; self_negative: false keeps the native kernel"
+        )
     if not planned:
         if all(r.all_negs for r in spec.relations):
             return "all_negs on every relation is not supported natively"
