@@ -181,6 +181,7 @@ PBG_DEFAULTS = {
     "relation_init_scale": None,  # None: PBG's identity start of the operators
     "entity_dropout": 0.0,  # 0: no dropout, as PBG
     "relation_dropout": 0.0,
+    "relation_prediction_weight": 0.0,  # 0: no relation-prediction objective
     "growth": GrowthSchema(),  # extended stores: random new rows, nothing frozen
     "edge_files": EdgeFilesSchema(),  # import reads column 0, 1, 2 of headerless files
 }

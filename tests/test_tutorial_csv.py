@@ -21,7 +21,7 @@ from bigembed.cli import main as cli_main
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "tutorial_csv.md"
 README = ROOT / "README.md"
-QUICKSTART_MARK = "<!-- tests/test_tutorial_csv.py runs the next block as written -->"
+QUICKSTART_MARK = "<!-- tests/test_tutorial_csv.py runs the next block"
 
 
 def _commands(blocks: list[str]) -> list[list[str]]:

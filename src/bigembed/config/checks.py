@@ -202,6 +202,25 @@ def dropout_needs_dynamic(cfg: ConfigSchema) -> list[str]:
     ]
 
 
+def relation_prediction_needs(cfg: ConfigSchema) -> list[str]:
+    """``relation_prediction_weight`` acts in the all-entity softmax training of dynamic
+    relations (train_type 1vsAll/KvsAll, loss_fn: softmax, comparator: dot or cos)."""
+    if cfg.relation_prediction_weight == 0:
+        return []
+    ok = (
+        cfg.train_type in ALL_ENTITY_TRAIN_TYPES
+        and cfg.dynamic_relations
+        and cfg.loss_fn == "softmax"
+        and cfg.comparator in ("dot", "cos")
+    )
+    if ok:
+        return []
+    return [
+        "relation_prediction_weight: needs train_type: 1vsAll or KvsAll, dynamic_relations: "
+        "true, loss_fn: softmax and comparator: dot or cos; set relation_prediction_weight: 0"
+    ]
+
+
 def same_side_partitions(cfg: ConfigSchema) -> list[str]:
     """The partitioned entity types on one side of the relations share one partition count
     (the first mismatch per side is reported)."""
@@ -238,6 +257,7 @@ CROSS_FIELD_CHECKS: tuple[tuple[Check, bool], ...] = (
     (unique_relation_names, False),
     (relation_operands, False),
     (dropout_needs_dynamic, False),
+    (relation_prediction_needs, False),
     (same_side_partitions, False),
     (featurized_types, False),
 )

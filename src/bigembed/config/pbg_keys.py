@@ -69,6 +69,7 @@ BIGEMBED_ONLY_KEYS = (
     "relation_init_scale",
     "entity_dropout",
     "relation_dropout",
+    "relation_prediction_weight",
     "kernel",
     "growth",
     "growth.init",

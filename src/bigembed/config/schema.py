@@ -125,6 +125,16 @@ class ConfigSchema(BaseModel):
         "and the others scaled by 1/(1-p) (LibKGE's entity dropout on the query side; the "
         "ranked candidates are left alone); never in evaluation. Needs dynamic_relations.",
     )
+    relation_prediction_weight: Float = Field(
+        default=0.0,
+        ge=0,
+        description="bigembed only: weight of the relation-prediction auxiliary objective (Chen "
+        "et al. 2021) in train_type 1vsAll/KvsAll: each training edge (h, r, t) also adds this "
+        "weight times the softmax cross-entropy of r among all relation types scored for "
+        "(h, ?, t) (the tail-query operator of every relation applied to h, compared with t). "
+        "0 = off. Needs dynamic_relations, loss_fn: softmax and comparator dot or cos; costs "
+        "one (edges x relations x dimension) product per batch.",
+    )
     relation_dropout: Float = Field(
         default=0.0,
         ge=0,

@@ -46,5 +46,6 @@ def model_spec(cfg: ConfigSchema, num_dynamic_relations: int = 0) -> ModelSpec:
         seed=cfg.seed,
         entity_dropout=cfg.entity_dropout,
         relation_dropout=cfg.relation_dropout,
+        relation_prediction_weight=cfg.relation_prediction_weight,
         regularizer=cfg.regularizer,
     )

@@ -45,6 +45,7 @@ from bigembed.model.fused import LOSS_KINDS
 from bigembed.model.losses import make_loss
 from bigembed.model.names import COMPUTE_DTYPES
 from bigembed.model.operators import IdentityOperator, Operator, ParamDropout, make_operator
+from bigembed.model.relation_prediction import relation_prediction_loss
 from bigembed.model.side_scoring import (
     all_entities_side_loss,
     fused_side_loss,
@@ -91,6 +92,7 @@ class ScoringModel(nn.Module):
         self.relation_dropout = float(spec.relation_dropout)
         self.dropout = self.entity_dropout > 0 or self.relation_dropout > 0
         self.compute_dtype = COMPUTE_DTYPES.get(spec.compute_dtype)
+        self.relpred_weight = float(spec.relation_prediction_weight)
         # One generator for every operator, in construction order: the same seed gives the
         # same operators in every process that builds the model (Hogwild, distributed ranks).
         init = spec.relation_init_scale
@@ -283,6 +285,21 @@ class ScoringModel(nn.Module):
             ]
         return sides, reg
 
+    def _relation_prediction(
+        self, h: Tensor, t: Tensor, rel: Tensor, weight: Tensor | None
+    ) -> Tensor:
+        """The weighted relation-prediction loss of edges (h, rel, t), ``h`` and ``t`` raw
+        gathered rows of the template relation's lhs and rhs types
+        (:mod:`bigembed.model.relation_prediction`)."""
+        rspec = self.relation_spec(0)
+        cmp = self.comparator
+        h = self._adjust(h, rspec.lhs)
+        t = cmp.prepare(self._adjust(t, rspec.rhs))
+        loss = relation_prediction_loss(
+            self.lhs_operator(), cmp, h, t, rel, weight, self.num_relations
+        )
+        return loss * self.relpred_weight
+
     def forward(
         self,
         lhs: SideEmbeddings,
@@ -323,6 +340,8 @@ class ScoringModel(nn.Module):
                 for side in sides
             )
             loss = (loss_l + loss_r) * float(rspec.weight)
+            if fused_all and self.dynamic and self.relpred_weight:
+                loss = loss + self._relation_prediction(lhs.pos, rhs.pos, rel, weight)
             return BatchScores(loss, reg, lhs_pos, [], rhs_pos, [], (viol_l, viol_r))
         lhs_neg, rhs_neg = (self.negative_blocks(side, negs, all_negs) for side in sides)
         loss = self.loss_fn(lhs_pos, lhs_neg, weight) + self.loss_fn(rhs_pos, rhs_neg, weight)
@@ -362,6 +381,10 @@ class ScoringModel(nn.Module):
             rows=queries.query_of_edge,
         )
         loss = loss * float(rspec.weight)
+        if queries.side == "rhs" and self.relpred_weight:
+            # Each edge is in one tail-query batch per epoch: its relation is predicted there.
+            h = queries.given.index_select(0, queries.query_of_edge)
+            loss = loss + self._relation_prediction(h, queries.targets, queries.rel, queries.weight)
         per_edge_anchors = anchors.index_select(0, queries.query_of_edge)
         targets = cmp.prepare(self._adjust(queries.targets, target_type))
         if self.reg_factors:

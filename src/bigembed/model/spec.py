@@ -55,6 +55,9 @@ class ModelSpec:
     entity_dropout: float = 0.0
     # Training only: the same on the relation operator's parameters picked for each query.
     relation_dropout: float = 0.0
+    # Training with all-entity softmax (1vsAll/KvsAll), dynamic relations: weight of the
+    # relation-prediction cross-entropy of each edge (h, ?, t) over all relation types (0 = off).
+    relation_prediction_weight: float = 0.0
     # "N3": PBG's terms (the anchor side after its operator); "N3_factors": Lacroix et al.'s
     # (entity, relation and entity each on its own).
     regularizer: str = "N3"
