@@ -119,3 +119,60 @@ def test_native_kernel_declines_with_the_reason() -> None:
     assert "self_negative" in (unsupported(model, _negs("auto", uniform=4)) or "")
     assert unsupported(model, _negs(False, uniform=4)) is None
     assert unsupported(_model("a", "b"), _negs("auto", uniform=4)) is None
+
+
+@pytest.mark.parametrize(
+    ("comparator", "dynamic", "operator", "loss"),
+    [
+        ("dot", True, "complex_diagonal", "softmax"),
+        ("dot", False, "translation", "softmax"),
+        ("cos", False, "diagonal", "logistic"),
+        ("cos", False, "none", "ranking"),
+        ("dot", True, "diagonal", "ranking"),
+    ],
+)
+def test_fused_loss_has_the_column(
+    comparator: str, dynamic: bool, operator: str, loss: str
+) -> None:
+    """Training's fused loss (need_scores=False) equals the score blocks with the query-entity
+    column: loss, gradients of every row and parameter, violators; one edge is a self-loop."""
+    spec = ModelSpec(
+        relations=(RelationSpec("e", "e", operator),),
+        entity_dims={"e": 8},
+        comparator=comparator,
+        loss=loss,
+        global_emb=True,
+        dynamic_relations=dynamic,
+        num_dynamic_relations=5,
+    )
+    torch.manual_seed(0)
+    model = ScoringModel(spec)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    negs = NegativeSettings(4, 6, 5, self_negative=True)
+    n = 10
+    heads, tails = torch.randn(n, 8), torch.randn(n, 8)
+    tails[3] = heads[3]  # a self-loop: its column is masked
+    idx = torch.arange(n)
+    leaves = [heads, torch.randn(2, 6, 8), tails, torch.randn(2, 6, 8)]
+    rel = torch.randint(5, (n,)) if dynamic else torch.zeros(n, dtype=torch.long)
+    weight = torch.rand(n) + 0.5
+
+    def run(need_scores: bool):  # type: ignore[no-untyped-def]
+        xs = [x.clone().requires_grad_() for x in leaves]
+        model.zero_grad()
+        lhs = SideEmbeddings(xs[0], idx, xs[1])
+        rhs = SideEmbeddings(xs[2], idx, xs[3])
+        out = model(lhs, rhs, rel, 0, weight, negs, need_scores=need_scores)
+        (2.0 * out.loss).backward()
+        grads = [x.grad for x in xs] + [p.grad.clone() for p in model.parameters()]
+        return out, grads
+
+    (blocks, block_grads), (fused, fused_grads) = run(True), run(False)
+    assert fused.fused_violators is not None and fused.lhs_neg == []
+    assert [b.shape[1] for b in blocks.rhs_neg][-1] == 1  # the score blocks have the column
+    assert float(fused.loss) == pytest.approx(float(blocks.loss), rel=1e-5)
+    for ref, got in zip(block_grads, fused_grads, strict=True):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+    assert fused.violators() == blocks.violators()

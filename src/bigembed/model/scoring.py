@@ -320,12 +320,7 @@ class ScoringModel(nn.Module):
         """
         rspec = self.relation_spec(relation_idx)
         all_negs = bool(rspec.all_negs)
-        # The fused loss has no query-entity column: such batches take the score blocks.
-        fused = (
-            not need_scores
-            and self._fusable(negs, all_negs)
-            and not self.self_negative(negs, relation_idx)
-        )
+        fused = not need_scores and self._fusable(negs, all_negs)
         # The all-entity kernel is a softmax: other fusable losses take the score-block path.
         fused_all = not need_scores and all_negs and self.all_entities_kernel
         sides, reg = self._corrupt(lhs, rhs, rel, relation_idx, negs, generator)

@@ -79,6 +79,8 @@ def fused_side_loss(
         negs.num_batch_negs,
         loss,
         margin,
+        side.self_rows,
+        side.self_mask,
     )
 
 
