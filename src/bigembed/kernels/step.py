@@ -7,7 +7,6 @@ parameters receive no step and keep their Adagrad state. Such steps take the eag
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +30,6 @@ from bigembed.model import (
     ScoringModel,
     SideEmbeddings,
 )
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,7 +87,6 @@ class BatchTrainer:
         self.gen = generator
         self.max_norm = model.spec.max_norm
         self.native = native
-        self._said_self_negative = False
         self.freeze_params = freeze_params
 
     def _dense_update(self) -> None:
@@ -110,18 +106,10 @@ class BatchTrainer:
         if batch.side != "both":
             return self._query_step(batch, lhs, rhs, frozen)
         plain = lhs.bags is None and rhs.bags is None
-        native = self.native
-        if native is not None and self.model.self_negative(self.negs, batch.relation_idx):
-            # Neither the native step nor the fused loss takes the query-entity column.
-            if not self._said_self_negative:
-                self._said_self_negative = True
-                logger.info(
-                    "self_negative: batches of relations with the query entity as a negative "
-                    "take the eager path (the native step kernel has no such column)"
-                )
-            native = None
-        if native is not None and plain and frozen == (0, 0) and not self.freeze_params:
-            done = native.step(batch, lhs.emb, lhs.state, rhs.emb, rhs.state, self.gen, self.lr)
+        if self.native is not None and plain and frozen == (0, 0) and not self.freeze_params:
+            done = self.native.step(
+                batch, lhs.emb, lhs.state, rhs.emb, rhs.state, self.gen, self.lr
+            )
             if done is not None:
                 dense_adagrad_update(self.params, self.model_states, self.relation_lr)
                 return StepStats(

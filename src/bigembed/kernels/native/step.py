@@ -16,6 +16,9 @@ It applies to a batch when (else the eager path, the reference, runs):
   positive and dimension at most :data:`MAX_DIMENSION` (beyond that torch's products, on
   more threads, are the better choice).
 
+The query entity as a negative (``self_negative``) is one more column of each side's scores,
+as in the eager path.
+
 Whether a run uses it at all is decided once, by the trainer
 (:mod:`bigembed.kernels.native.choice`); :func:`unsupported` gives the model-level reason when
 it cannot. Results match the eager step to float rounding (tests/test_native_step.py): the
@@ -124,11 +127,6 @@ def unsupported(model: ScoringModel, negs: NegativeSettings) -> str | None:
         if failed:
             return f"{what} is not supported natively"
     planned = [i for i in range(len(spec.relations)) if relation_plan(model, i) is not None]
-    if planned and all(model.self_negative(negs, i) for i in planned):
-        return (
-            "self_negative (the query entity as a negative; auto: relations within one entity "
-            "type) is not supported natively; self_negative: false keeps the native kernel"
-        )
     if not planned:
         if all(r.all_negs for r in spec.relations):
             return "all_negs on every relation is not supported natively"
@@ -237,6 +235,7 @@ class NativeStep:
             int(not negs.disable_lhs),
             int(not negs.disable_rhs),
             int(lhs_emb is rhs_emb),
+            int(self.model.self_negative(negs, batch.relation_idx)),
             self.margin,
             rel.weight,
             lr,
