@@ -172,6 +172,7 @@ PBG_DEFAULTS = {
     "distributed_timeout": 60.0,
     "uniform_negs_group": None,
     "train_type": "negative_sampling",
+    "self_negative": "auto",
     "early_stopping": None,
     "tune": None,
     "memory_budget": None,

@@ -102,6 +102,11 @@ def test_the_choice_says_why() -> None:
         return
     native = choose_kernel("auto", MODEL, NEGS)
     assert native.kernel == "native" and native.line().startswith("kernel: native (built at ")
+    # The query entity as a negative (on by default within one type) is native too.
+    for self_negative in ("auto", True):
+        negs = NegativeSettings(5, 5, 10, self_negative=self_negative)
+        assert MODEL.self_negative(negs, 0)
+        assert choose_kernel("auto", MODEL, negs).kernel == "native"
     reg = ScoringModel(
         ModelSpec(relations=(RelationSpec("e", "e"),), entity_dims={"e": 8}, max_norm=1.0)
     )

@@ -4,6 +4,8 @@ supports; the eager path when it cannot be built or the config is outside it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -33,9 +35,16 @@ def _spec(comparator: str, loss: str, operator: str, glob: bool, **extra) -> Mod
 
 
 def _run(
-    spec: ModelSpec, negs: NegativeSettings, batch: int, weighted: bool, shared: bool, native: bool
+    spec: ModelSpec,
+    negs: NegativeSettings,
+    batch: int,
+    weighted: bool,
+    shared: bool,
+    native: bool,
+    self_loops: int = 0,
 ) -> tuple[list[StepStats], Table, Table, list[torch.Tensor]]:
-    """Three steps from the same seeded model, tables and batches."""
+    """Three steps from the same seeded model, tables and batches (the first ``self_loops``
+    edges of each batch with the same offset on both sides)."""
     torch.manual_seed(0)
     model = ScoringModel(spec)
     with torch.no_grad():
@@ -53,9 +62,12 @@ def _run(
         rhs = Table(torch.randn(ROWS + 7, DIM, generator=g), torch.rand(ROWS + 7, generator=g))
     stats = []
     for _ in range(3):
+        heads = torch.randint(ROWS, (batch,), generator=g)
+        tails = torch.randint(ROWS, (batch,), generator=g)
+        tails[:self_loops] = heads[:self_loops]
         b = Batch(
-            torch.randint(ROWS, (batch,), generator=g),
-            torch.randint(ROWS, (batch,), generator=g),
+            heads,
+            tails,
             torch.zeros(batch, dtype=torch.long),
             0,
             torch.rand(batch, generator=g) + 0.5 if weighted else None,
@@ -100,6 +112,40 @@ def test_native_step_matches_eager(case: tuple) -> None:
     # The steps moved the rows (so the comparison above compares updates).
     initial = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(1))
     assert (native[1].emb - initial).abs().max() > 1e-3
+
+
+# (comparator, loss, operator, global_emb, batch, batch negs, uniform negs, uniform group,
+#  weighted, one shared table, disabled sides)
+SELF_NEGATIVE_CASES = [
+    ("cos", "softmax", "translation", True, 40, 10, 8, 40, True, True, (False, False)),
+    ("dot", "ranking", "diagonal", True, 23, 6, 4, 7, False, False, (False, False)),
+    ("cos", "logistic", "diagonal", False, 30, 0, 5, 10, True, True, (False, False)),
+    ("dot", "softmax", "none", False, 25, 10, 9, 25, False, True, (True, False)),
+    ("cos", "ranking", "translation", True, 25, 10, 8, 12, True, False, (False, True)),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", SELF_NEGATIVE_CASES, ids=lambda c: "-".join(map(str, c[:5])))
+def test_native_step_matches_eager_with_self_negative(case: tuple) -> None:
+    """The query-entity column (``self_negative``, on by default within one type) natively:
+    the eager step's losses, violators, rows, states and parameters; self-loops masked."""
+    comparator, loss, operator, glob, batch, nb, nu, group, weighted, shared, off = case
+    spec = _spec(comparator, loss, operator, glob)
+    negs = NegativeSettings(nb, nu, group, *off, self_negative="auto")
+    eager = _run(spec, negs, batch, weighted, shared, native=False, self_loops=3)
+    native = _run(spec, negs, batch, weighted, shared, native=True, self_loops=3)
+    without = _run(spec, replace(negs, self_negative=False), batch, weighted, shared, True, 3)
+    for e, n, w in zip(eager[0], native[0], without[0], strict=True):
+        assert n.loss == pytest.approx(e.loss, rel=1e-5)
+        assert abs(n.loss - w.loss) > 1e-3 * abs(w.loss)  # the column counts
+        for ev, nv in ((e.violators_lhs, n.violators_lhs), (e.violators_rhs, n.violators_rhs)):
+            assert abs(ev - nv) <= 2 + 0.01 * ev
+    for e_tab, n_tab in zip(eager[1:3], native[1:3], strict=True):
+        torch.testing.assert_close(n_tab.emb, e_tab.emb, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(n_tab.state, e_tab.state, rtol=1e-4, atol=1e-6)
+    for e_p, n_p in zip(eager[3], native[3], strict=True):
+        torch.testing.assert_close(n_p, e_p, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel

@@ -20,4 +20,5 @@ def negative_settings(cfg: ConfigSchema, for_eval: bool = False) -> NegativeSett
         uniform_group=max(1, group),
         disable_lhs=cfg.disable_lhs_negs,
         disable_rhs=cfg.disable_rhs_negs,
+        self_negative=False if for_eval else cfg.self_negative,
     )

@@ -34,6 +34,7 @@ BIGEMBED_ONLY_KEYS = (
     "compute_dtype",
     "uniform_negs_group",
     "train_type",
+    "self_negative",
     "distributed_timeout",
     "memory_budget",
     "partition_prefetch",

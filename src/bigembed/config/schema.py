@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -340,6 +340,13 @@ class ConfigSchema(BaseModel):
         description="bigembed only: positives that share one draw of uniform negatives. None = "
         "the whole batch (one large matrix product per side, near the matmul peak); set it to "
         "num_batch_negs for PBG's per-chunk draws.",
+    )
+    self_negative: bool | Literal["auto"] = Field(
+        default="auto",
+        description="bigembed only: in sampled training, score each edge's query entity as one "
+        "more negative of the other side (the head when corrupting the tail, the tail when "
+        "corrupting the head; masked where it is the true answer, h == t). auto = on for "
+        "relations whose lhs and rhs entity types are the same.",
     )
     train_type: Annotated[str, OneOf(TRAIN_TYPES)] = Field(
         default="negative_sampling",

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +95,8 @@ class Evaluation:
                 self.trained.model,
                 self.tables,
                 edges,
-                negative_settings(self.cfg),
+                # PBG's sampled protocol: no query-entity column (self_negative is training's).
+                replace(negative_settings(self.cfg), self_negative=False),
                 self.cfg.batch_size,
                 self.cfg.seed,
                 progress=bar.update,

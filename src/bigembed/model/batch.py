@@ -20,6 +20,9 @@ class NegativeSettings:
     uniform_group: int  # positives sharing one draw of uniform negatives
     disable_lhs: bool = False
     disable_rhs: bool = False
+    # The query entity as one more negative (see ScoringModel.self_negative): True, False, or
+    # "auto" (on for relations within one entity type). Evaluation leaves it off.
+    self_negative: bool | str = False
 
     def uniform_groups(self, batch: int) -> int:
         return -(-batch // self.uniform_group) if self.num_uniform_negs > 0 else 0
@@ -48,6 +51,10 @@ class Corruption(NamedTuple):
     idx: Tensor
     anchors: Tensor
     enabled: bool
+    # The query entity as a candidate of this side (B, D), prepared like ``src``, and where
+    # it is the true answer (B,) (h == t: masked); None when the option is off.
+    self_rows: Tensor | None = None
+    self_mask: Tensor | None = None
 
 
 @dataclass

@@ -12,7 +12,10 @@ still in cache, and only the gradient of the
 scores leaves the loop, stored once in the compute dtype: exactly the operand the two backward
 matrix products read. Violators (negatives scoring above their positive) are counted in the
 same pass. The math is the unfused loss of :mod:`bigembed.model.losses` applied to
-``[pos | batch negatives | anchors x shared negatives]``; tests check the two agree.
+``[pos | batch negatives | anchors x shared negatives | query entity]``; tests check the two
+agree. The last column (option ``self_negative``) is each anchor's score against one row of its
+own, the edge's query entity as a candidate of the corrupted side: one row-wise dot product
+per side, masked where that entity is the true answer.
 
 Ranking and logistic losses take the same path: their per-score gradient is as cheap as their
 loss (an indicator, a sigmoid), and at small dimensions the unfused path's score blocks, masks,
@@ -84,6 +87,8 @@ class _FusedLoss(torch.autograd.Function):
         dtype: torch.dtype,
         kind: str,
         margin: float,
+        self_rows: Tensor | None,
+        self_mask: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         batch, dim = anchors.shape
         groups, num_negs, _ = negs.shape
@@ -99,11 +104,19 @@ class _FusedLoss(torch.autograd.Function):
             s_chunks = pad_rows(src.to(dtype), padded).view(-1, k, dim)
             batch_scores = torch.bmm(a_chunks, s_chunks.transpose(1, 2)).view(padded, k)[:batch]
             batch_scores = batch_scores.float().masked_fill_(_batch_mask(batch, k), MASKED)
-        width = 1 + k + num_negs
+        # The query-entity column: one score per anchor, against its own row.
+        s_rows = self_scores = None
+        if self_rows is not None:
+            assert self_mask is not None
+            s_rows = self_rows.to(dtype)
+            self_scores = (a * s_rows).sum(1).float().masked_fill_(self_mask, MASKED)
+        extra = int(self_scores is not None)
+        width = 1 + k + num_negs + extra
         rows = tile_rows(width)
         grad_negs_scores = torch.empty((batch, num_negs), dtype=dtype)
         grad_batch_scores = torch.empty((batch, k), dtype=torch.float32)
         grad_pos = torch.empty(batch, dtype=torch.float32)
+        grad_self = torch.empty(batch, dtype=torch.float32) if extra else None
         per_positive = torch.empty(batch, dtype=torch.float32)
         violators = torch.zeros((), dtype=torch.float64)
         tile = torch.empty((min(rows, batch), width), dtype=torch.float32)
@@ -115,11 +128,13 @@ class _FusedLoss(torch.autograd.Function):
                 x[:, 0] = pos[r0:r1]
                 if batch_scores is not None:
                     x[:, 1 : 1 + k] = batch_scores[r0:r1]
-                x[:, 1 + k :] = a[r0:r1] @ u[g].t()
+                x[:, 1 + k : 1 + k + num_negs] = a[r0:r1] @ u[g].t()
+                if self_scores is not None:
+                    x[:, -1] = self_scores[r0:r1]
                 # #(negatives > positive): sign(max(0, x - pos)) summed; the positive's own
                 # column adds 0. Faster than count_nonzero(x > pos), whose bool output is slow.
                 violators += torch.sub(x, x[:, :1]).clamp_(min=0).sign_().sum()
-                loss_rows, g_pos, g_negs = _tile_loss(x, kind, margin, k + num_negs)
+                loss_rows, g_pos, g_negs = _tile_loss(x, kind, margin, k + num_negs + extra)
                 if weight is not None:
                     w = weight[r0:r1]
                     loss_rows = loss_rows * w
@@ -128,10 +143,20 @@ class _FusedLoss(torch.autograd.Function):
                 per_positive[r0:r1] = loss_rows
                 grad_pos[r0:r1] = g_pos
                 grad_batch_scores[r0:r1] = g_negs[:, :k]
-                grad_negs_scores[r0:r1] = g_negs[:, k:]
+                grad_negs_scores[r0:r1] = g_negs[:, k : k + num_negs]
+                if grad_self is not None:
+                    grad_self[r0:r1] = g_negs[:, -1]
         loss = per_positive.sum()
         ctx.save_for_backward(
-            a, u, grad_negs_scores, grad_pos, grad_batch_scores, a_chunks, s_chunks
+            a,
+            u,
+            grad_negs_scores,
+            grad_pos,
+            grad_batch_scores,
+            a_chunks,
+            s_chunks,
+            s_rows,
+            grad_self,
         )
         ctx.group_size = group_size
         ctx.has_src = src is not None
@@ -140,7 +165,7 @@ class _FusedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_violators: Tensor):
-        a, u, gs, grad_pos, gb, a_chunks, s_chunks = ctx.saved_tensors
+        a, u, gs, grad_pos, gb, a_chunks, s_chunks, s_rows, grad_self = ctx.saved_tensors
         batch, dim = a.shape
         groups = u.shape[0]
         gsize = ctx.group_size
@@ -157,13 +182,20 @@ class _FusedLoss(torch.autograd.Function):
             gb = pad_rows(gb, chunks * k).to(a.dtype).view(chunks, k, k)
             grad_anchors += torch.bmm(gb, s_chunks).view(-1, dim)[:batch]
             grad_src = torch.bmm(gb.transpose(1, 2), a_chunks).view(-1, dim)[:batch].float()
+        grad_self_rows = None
+        if grad_self is not None:
+            g = grad_self.unsqueeze(1)
+            grad_anchors.addcmul_(g, s_rows.float())
+            grad_self_rows = g * a.float()
         if scale != 1.0:
             grad_anchors.mul_(scale)
             grad_negs.mul_(scale)
             if grad_src is not None:
                 grad_src.mul_(scale)
+            if grad_self_rows is not None:
+                grad_self_rows.mul_(scale)
         grads = (grad_pos * scale, grad_anchors, grad_negs, grad_src)
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, grad_self_rows, None)
 
 
 def fused_sampled_loss(
@@ -177,6 +209,8 @@ def fused_sampled_loss(
     chunk_size: int = 0,
     kind: str = "softmax",
     margin: float = 0.1,
+    self_rows: Tensor | None = None,
+    self_mask: Tensor | None = None,
 ) -> tuple[Tensor, int]:
     """The ``kind`` loss (one of :data:`LOSS_KINDS`; ``margin``: the ranking loss's) of ``pos``
     (B,) against the dot products of ``anchors`` (B, D) with
@@ -184,13 +218,27 @@ def fused_sampled_loss(
     * the shared negatives ``negs`` (G, N, D), anchor row r using group ``r // group_size``;
     * with ``src`` (B, D): the batch negatives, the ``src`` rows of the anchor's own chunk of
       ``chunk_size`` rows (its own positive and padding masked, as
-      :func:`bigembed.model.negatives.batch_negative_scores`).
+      :func:`bigembed.model.negatives.batch_negative_scores`);
+    * with ``self_rows`` (B, D): one more negative per anchor, its own row (the query entity,
+      ``self_negative``), masked where ``self_mask`` (B,) is true, as
+      :func:`bigembed.model.negatives.self_negative_scores`.
 
     Returns the summed (weighted) loss and the number of negatives scoring above their positive.
     """
     if kind not in LOSS_KINDS:
         raise ValueError(f"no fused {kind!r} loss (fused: {', '.join(LOSS_KINDS)})")
     loss, violators = _FusedLoss.apply(
-        pos, anchors, negs, src, weight, group_size, chunk_size, dtype, kind, float(margin)
+        pos,
+        anchors,
+        negs,
+        src,
+        weight,
+        group_size,
+        chunk_size,
+        dtype,
+        kind,
+        float(margin),
+        self_rows,
+        self_mask,
     )
     return loss, int(violators)

@@ -8,6 +8,8 @@ B positives is scored against:
 * **uniform negatives**: ``num_uniform`` entities drawn from the ``src`` partition, shared by a
   group of ``group_size`` consecutive positives (PBG shares them per chunk; sharing them over a
   larger group turns many small products into one large one that runs near the matmul peak);
+* **the query entity** (option ``self_negative``): one more column, each row's own entity of
+  the other side (the head when the tail is corrupted), masked where it is the true answer;
 * **all negatives**: every entity of the ``src`` partition (the positive itself is masked).
 
 Masked scores are set to -1e9, as PBG does, so they weigh nothing in any loss.
@@ -89,6 +91,15 @@ def shared_negative_scores(
     a = pad_rows(anchors, padded).view(groups, group_size, -1)
     scores = comparator.neg(a.to(dtype), negs.to(dtype)).float().view(padded, -1)
     return scores if padded == num else scores[:num]
+
+
+def self_negative_scores(
+    comparator: Comparator, anchors: Tensor, rows: Tensor, mask: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """Scores ``(B, 1)`` of each anchor against its own query entity ``rows`` (B, D), masked
+    where ``mask`` (B,) says it is the row's true answer (h == t)."""
+    scores = comparator.pos(anchors.to(dtype), rows.to(dtype)).float().unsqueeze(1)
+    return scores.masked_fill(mask.unsqueeze(1), MASKED)
 
 
 def mask_positives(scores: Tensor, positive_idx: Tensor) -> Tensor:

@@ -143,6 +143,17 @@ class ScoringModel(nn.Module):
         """The negative score blocks of one corrupted side, as :meth:`forward` builds them."""
         return negative_score_blocks(self.comparator, self.compute_dtype, side, negs, all_negs)
 
+    def self_negative(self, negs: NegativeSettings, relation_idx: int) -> bool:
+        """Whether the batches of ``relation_idx`` score the query entity as a negative
+        (``self_negative``; ``auto``: when the relation's lhs and rhs types are the same).
+        Never with ``all_negs``, which scores every entity already."""
+        rspec = self.relation_spec(relation_idx)
+        if rspec.all_negs:
+            return False
+        if negs.self_negative == "auto":
+            return rspec.lhs == rspec.rhs
+        return bool(negs.self_negative)
+
     def _fusable(self, negs: NegativeSettings, all_negs: bool) -> bool:
         """Whether the fused sampled loss computes this loss (over dot products)."""
         return self.fusable_loss and not all_negs and negs.num_uniform_negs > 0
@@ -258,6 +269,20 @@ class ScoringModel(nn.Module):
                 lhs_op, rhs_p, reg_r, rel, chunks
             )
 
+        if self.self_negative(negs, relation_idx):
+            # h == t: the same offset and the same row (offsets of two different partitions
+            # can coincide; their rows do not).
+            same = (lhs.pos_idx == rhs.pos_idx) & (lhs.pos == rhs.pos).all(dim=1)
+            # The query entity as a candidate of the corrupted side, transformed as that side's
+            # negatives are (standard mode: rhs candidates go through the operator).
+            head_as_tail = self._adjust(lhs.pos, rspec.rhs)
+            if not self.dynamic:
+                head_as_tail = self.rhs_operator(relation_idx)(head_as_tail)
+            tail_as_head = cmp.prepare(self._adjust(rhs.pos, rspec.lhs))
+            sides = [
+                sides[0]._replace(self_rows=tail_as_head, self_mask=same),
+                sides[1]._replace(self_rows=cmp.prepare(head_as_tail), self_mask=same),
+            ]
         return sides, reg
 
     def _relation_prediction(

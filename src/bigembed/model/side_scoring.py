@@ -23,6 +23,7 @@ from bigembed.model.fused import fused_sampled_loss
 from bigembed.model.negatives import (
     batch_negative_scores,
     mask_positives,
+    self_negative_scores,
     shared_negative_scores,
 )
 
@@ -34,7 +35,8 @@ def negative_score_blocks(
     negs: NegativeSettings,
     all_negs: bool,
 ) -> list[Tensor]:
-    """Negative score blocks ``(B, N_k)`` for corrupting ``side.src`` against the anchors."""
+    """Negative score blocks ``(B, N_k)`` for corrupting ``side.src`` against the anchors
+    (the query-entity column last, when the side carries one)."""
     cmp, anchors = comparator, side.anchors
     batch = anchors.shape[0]
     if not side.enabled:
@@ -48,6 +50,8 @@ def negative_score_blocks(
         parts.append(batch_negative_scores(cmp, anchors, side.src, negs.num_batch_negs, dtype))
     if side.uniform is not None and side.uniform.shape[1] > 0:
         parts.append(shared_negative_scores(cmp, anchors, side.uniform, negs.uniform_group, dtype))
+    if side.self_rows is not None and side.self_mask is not None:
+        parts.append(self_negative_scores(cmp, anchors, side.self_rows, side.self_mask, dtype))
     return parts
 
 
@@ -75,6 +79,8 @@ def fused_side_loss(
         negs.num_batch_negs,
         loss,
         margin,
+        side.self_rows,
+        side.self_mask,
     )
 
 

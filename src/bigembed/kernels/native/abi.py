@@ -35,6 +35,7 @@ class StepArgs(ctypes.Structure):
         *((name, Int) for name in ("lhs_rows", "rhs_rows", "dim", "batch", "num_batch_negs")),
         *((name, Int) for name in ("num_uniform", "uniform_group", "cos", "loss_kind")),
         *((name, Int) for name in ("op_kind", "enable_lhs", "enable_rhs", "shared_table")),
+        ("self_negative", Int),
         *((name, Double) for name in ("margin", "rel_weight", "lr", "loss")),
         ("violators_lhs", Int),
         ("violators_rhs", Int),

@@ -5,8 +5,10 @@
 // admits: standard (non-dynamic) relations with the identity, translation or diagonal operator
 // on the rhs side, dot or cos comparator without bias, no global embeddings, no regulariser,
 // no max_norm, fp32, ranking / softmax / logistic loss over batch negatives (chunks of
-// num_batch_negs, own positive and padding masked at -1e9) and uniform negatives (num_uniform
-// rows shared by uniform_group consecutive positives). It gathers the rows, scores the batch,
+// num_batch_negs, own positive and padding masked at -1e9), uniform negatives (num_uniform
+// rows shared by uniform_group consecutive positives) and, with self_negative, the query entity
+// (the edge's own head as a tail candidate and its tail as a head candidate, prepared as that
+// side's candidates, masked where head and tail are the same entity). It gathers the rows, scores the batch,
 // computes the loss, its gradients and the backward of the comparator and operator, and applies
 // PBG's Hogwild row Adagrad to the touched rows in place (duplicates summed first, in the
 // eager path's order). No threads: one call per Hogwild worker process.
@@ -77,6 +79,7 @@ struct StepArgs {
     int64_t enable_lhs;
     int64_t enable_rhs;
     int64_t shared_table;  // lhs_emb is rhs_emb
+    int64_t self_negative;  // the query entity as one more negative of each side
     double margin;
     double rel_weight;
     double lr;
@@ -164,6 +167,7 @@ static const LayoutRow LAYOUT[] = {
     BIGEMBED_FIELD(StepArgs, enable_lhs),
     BIGEMBED_FIELD(StepArgs, enable_rhs),
     BIGEMBED_FIELD(StepArgs, shared_table),
+    BIGEMBED_FIELD(StepArgs, self_negative),
     BIGEMBED_FIELD(StepArgs, margin),
     BIGEMBED_FIELD(StepArgs, rel_weight),
     BIGEMBED_FIELD(StepArgs, lr),
@@ -404,8 +408,10 @@ inline float hmax(v8 v) {
 }
 
 // One corrupted side: anchors A, batch negatives from src S (chunks of k), uniform negatives U
-// (groups of nu rows, group g shared by rows [g * gs, (g + 1) * gs)). Accumulates gradients into
-// gA, gS, gU and gpos; returns the summed weighted loss, counts violators.
+// (groups of nu rows, group g shared by rows [g * gs, (g + 1) * gs)), and with C the query
+// entity: row r of C is one more negative of anchor r only, masked where same[r] is nonzero.
+// Accumulates gradients into gA, gS, gU, gC and gpos; returns the summed weighted loss, counts
+// violators.
 struct Direction {
     const float* A;
     const float* S;
@@ -413,20 +419,26 @@ struct Direction {
     float* gA;
     float* gS;
     float* gU;
+    const float* C = nullptr;  // (B, dp) or null: no query-entity column
+    float* gC = nullptr;
+    const float* same = nullptr;  // (B,) 1 where the query entity is the true answer
 };
 
 // A block's score tile is (rows, W): columns [0, kp) the batch negatives, [kp, kp + up) the
-// uniform ones; the padding and masked columns hold MASKED, which every loss maps to a zero
-// gradient. The loss pass replaces each score by d loss / d score.
+// uniform ones, then with C one 8-wide block whose first column is the query entity's score;
+// the padding and masked columns hold MASKED, which every loss maps to a zero gradient. The
+// loss pass replaces each score by d loss / d score.
 double direction(const Direction& dir, const float* pos, float* gpos, const StepArgs& a,
                  int64_t dp, float* tile, float* st, float* ut, int64_t* violators) {
     const int64_t B = a.batch, D = a.dim;
     const int64_t k = a.num_batch_negs > 0 ? (a.num_batch_negs < B ? a.num_batch_negs : B) : 0;
     const int64_t kp = pad8(k), nu = a.num_uniform, up = pad8(nu), gs = a.uniform_group;
-    const int64_t W = kp + up;
+    const bool self_col = dir.C != nullptr;
+    const int64_t sc = kp + up;  // the query entity's column
+    const int64_t W = sc + (self_col ? 8 : 0);
     const int kind = static_cast<int>(a.loss_kind);
     const float margin = static_cast<float>(a.margin);
-    const float num_negs = static_cast<float>(k + nu);
+    const float num_negs = static_cast<float>(k + nu + (self_col ? 1 : 0));
     const float scale = static_cast<float>(a.rel_weight);
     double loss = 0.0;
     int64_t viol = 0;
@@ -456,6 +468,8 @@ double direction(const Direction& dir, const float* pos, float* gpos, const Step
             for (int64_t j = kreal; j < kp; ++j) x[j] = MASKED;
             if (k > 0) x[r - c0] = MASKED;
             for (int64_t j = kp + nu; j < W; ++j) x[j] = MASKED;
+            if (self_col && dir.same[r] == 0.f)  // else MASKED: the query entity is the answer
+                x[sc] = dot(Ab + i * dp, dir.C + r * dp, dp);
             const float x0 = pos[r];
             const v8 vx0 = splat(x0);
             v8i vcount = {};
@@ -501,7 +515,8 @@ double direction(const Direction& dir, const float* pos, float* gpos, const Step
                 const float w = a.weight != nullptr ? a.weight[r] : 1.f;
                 const float gw = w * scale;
                 for (int64_t j = 0; j < W; ++j) {
-                    const bool real = j < kreal || (j >= kp && j < kp + nu);
+                    const bool real =
+                        j < kreal || (j >= kp && j < kp + nu) || (self_col && j == sc);
                     if (real) l += softplus(x[j]);
                     x[j] = real ? sigmoid(x[j]) / num_negs * gw : 0.f;
                 }
@@ -511,6 +526,10 @@ double direction(const Direction& dir, const float* pos, float* gpos, const Step
             const float w = a.weight != nullptr ? a.weight[r] : 1.f;
             loss += static_cast<double>(row_loss * w);
             gpos[r] += g0 * w * scale;
+            if (self_col) {  // x[sc]: d loss / d (A_r . C_r), zero when masked
+                axpy(x[sc], dir.C + r * dp, dir.gA + r * dp, dp);
+                axpy(x[sc], Ab + i * dp, dir.gC + r * dp, dp);
+            }
         }
         float* gAb = dir.gA + r0 * dp;
         if (k > 0) {
@@ -587,9 +606,13 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     const int64_t tile_rows = (k > 0 && k < a->uniform_group) ? k : a->uniform_group;
     const int64_t trows = tile_rows < B ? tile_rows : B;
     const int64_t kp = pad8(k), up = pad8(nu);
-    // raw, prep, grad per side and per uniform set; inv norms; pos; gpos; tiles; transposes.
+    const bool self_neg = a->self_negative != 0;
+    const int64_t sw = self_neg ? 8 : 0;  // the tile's query-entity block
+    // raw, prep, grad per side and per uniform set; inv norms; pos; gpos; tiles; transposes;
+    // with self_neg the query entities' prep, grad and inv per side and the h == t mask.
     const int64_t need = 2 * 3 * side_rows * dp + 2 * 3 * uni_rows * dp + 2 * side_rows +
-                         2 * uni_rows + 2 * B + trows * (kp + up) + dp * (kp + up);
+                         2 * uni_rows + 2 * B + trows * (kp + up + sw) + dp * (kp + up) +
+                         (self_neg ? 4 * side_rows * dp + 3 * side_rows : 0);
     std::vector<float>& buf = scratch.buf;
     if (static_cast<int64_t>(buf.size()) < need) buf.assign(need, 0.f);
     float* p = buf.data();
@@ -612,7 +635,7 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     UR.inv = take(uni_rows);
     float* pos = take(B);
     float* gpos = take(B);
-    float* tile = take(trows * (kp + up));
+    float* tile = take(trows * (kp + up + sw));
     float* st = take(dp * kp);
     float* ut = take(dp * up);
 
@@ -638,6 +661,30 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     prepare(UL, dp, cos, 0, nullptr, lg);
     prepare(UR, dp, cos, op, param.data(), rg);
     for (Rows* s : {&L, &R, &UL, &UR}) std::memset(s->grad, 0, s->n * dp * sizeof(float));
+    // The query entity as a candidate of the other side, from the same raw rows: the head as a
+    // tail (HT: the rhs type's global embedding, the operator) and the tail as a head (TH).
+    Rows HT{L.raw, L.raw, nullptr, nullptr, B}, TH{R.raw, R.raw, nullptr, nullptr, B};
+    float* same = nullptr;
+    if (self_neg) {
+        for (Rows* s : {&HT, &TH}) {
+            s->grad = take(side_rows * dp);
+            s->inv = take(side_rows);
+            std::memset(s->grad, 0, B * dp * sizeof(float));
+        }
+        float* prep_ht = take(side_rows * dp);
+        float* prep_th = take(side_rows * dp);
+        if (moved_r) HT.prep = prep_ht;
+        if (moved_l) TH.prep = prep_th;
+        prepare(HT, dp, cos, op, param.data(), rg);
+        prepare(TH, dp, cos, 0, nullptr, lg);
+        // h == t: the same offset and the same row, as the eager path decides it.
+        same = take(side_rows);
+        for (int64_t i = 0; i < B; ++i) {
+            bool eq = a->lhs_idx[i] == a->rhs_idx[i];
+            for (int64_t d = 0; eq && d < D; ++d) eq = L.raw[i * dp + d] == R.raw[i * dp + d];
+            same[i] = eq ? 1.f : 0.f;
+        }
+    }
     for (int64_t i = 0; i < B; ++i) {
         pos[i] = dot(L.prep + i * dp, R.prep + i * dp, dp);
         gpos[i] = 0.f;
@@ -646,10 +693,12 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     a->violators_lhs = a->violators_rhs = 0;
     if (a->enable_lhs) {
         Direction d{R.prep, L.prep, UL.prep, R.grad, L.grad, UL.grad};
+        if (self_neg) d.C = TH.prep, d.gC = TH.grad, d.same = same;
         loss += direction(d, pos, gpos, *a, dp, tile, st, ut, &a->violators_lhs);
     }
     if (a->enable_rhs) {
         Direction d{L.prep, R.prep, UR.prep, L.grad, R.grad, UR.grad};
+        if (self_neg) d.C = HT.prep, d.gC = HT.grad, d.same = same;
         loss += direction(d, pos, gpos, *a, dp, tile, st, ut, &a->violators_rhs);
     }
     a->loss = loss * a->rel_weight;
@@ -661,6 +710,16 @@ extern "C" int bigembed_native_step(StepArgs* a) {
     unprepare(R, dp, cos, op, param.data(), op_grad.data(), rg, rglob_grad.data());
     if (a->enable_lhs) unprepare(UL, dp, cos, 0, nullptr, nullptr, lg, lglob_grad.data());
     if (a->enable_rhs) unprepare(UR, dp, cos, op, param.data(), op_grad.data(), rg, rglob_grad.data());
+    if (self_neg) {  // the query entities' gradients join their rows' own
+        if (a->enable_rhs) {
+            unprepare(HT, dp, cos, op, param.data(), op_grad.data(), rg, rglob_grad.data());
+            for (int64_t i = 0; i < B; ++i) axpy(1.f, HT.grad + i * dp, L.grad + i * dp, dp);
+        }
+        if (a->enable_lhs) {
+            unprepare(TH, dp, cos, 0, nullptr, nullptr, lg, lglob_grad.data());
+            for (int64_t i = 0; i < B; ++i) axpy(1.f, TH.grad + i * dp, R.grad + i * dp, dp);
+        }
+    }
     for (int64_t d = 0; d < D; ++d) {
         if (op != 0 && a->op_grad != nullptr) a->op_grad[d] += op_grad[d];
         if (lg != nullptr && a->lhs_glob_grad != nullptr) a->lhs_glob_grad[d] += lglob_grad[d];

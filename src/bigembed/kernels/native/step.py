@@ -16,6 +16,9 @@ It applies to a batch when (else the eager path, the reference, runs):
   positive and dimension at most :data:`MAX_DIMENSION` (beyond that torch's products, on
   more threads, are the better choice).
 
+The query entity as a negative (``self_negative``) is one more column of each side's scores,
+as in the eager path.
+
 Whether a run uses it at all is decided once, by the trainer
 (:mod:`bigembed.kernels.native.choice`); :func:`unsupported` gives the model-level reason when
 it cannot. Results match the eager step to float rounding (tests/test_native_step.py): the
@@ -232,6 +235,7 @@ class NativeStep:
             int(not negs.disable_lhs),
             int(not negs.disable_rhs),
             int(lhs_emb is rhs_emb),
+            int(self.model.self_negative(negs, batch.relation_idx)),
             self.margin,
             rel.weight,
             lr,
