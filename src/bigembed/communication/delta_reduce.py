@@ -52,6 +52,7 @@ class DeltaReduce:
                 shared.tensors,
                 shared.row_tables,
                 mean=mean,
+                fraction=env.row_fraction,
             )
             if sparse
             else None

@@ -13,6 +13,14 @@ rows where the two public copies differ (beyond the dead band). The two moves ar
 for bit, so gossip keeps the trainers' sum exactly, whatever the codec; the dense path's
 ``(snapshot + estimate) / 2`` differs from it by the last message's quantization error.
 
+With ``fraction`` < 1 a pair round sends only the rows with the largest differences (at most
+:func:`~bigembed.communication.sparse_rows.row_limit` rows); the others' differences stay and
+go out in a later round. The public copies then lag the values by more than a quantization
+error, and CHOCO's step shrinks with the compression, as its analysis asks (a step of the order
+of the compression ratio): ``min(1/2, fraction)`` instead of ``1/2``. With the halfway step and
+a small fraction the trainers stop converging: each move adds to the difference the copy has
+not caught up with, faster than the limited rows drain it.
+
 The agreement at a checkpoint is a row-sparse exact mean
 (:class:`~bigembed.communication.sparse_reduce.RowReduce` in fp32 with ``mean``, over the
 rows changed since the previous agreement): every trainer ends with the same bits.
@@ -33,6 +41,8 @@ from bigembed.communication.sparse_rows import (
     RowCodec,
     changed_rows,
     exchange_rows,
+    largest_rows,
+    row_limit,
     row_tables,
     split_message,
 )
@@ -53,14 +63,17 @@ class RowGossip:
         codec: Codec,
         tensors: Sequence[Tensor],
         tables: Mapping[int, int],
+        fraction: float = 1.0,
     ) -> None:
         self.group = group
         self.tables = row_tables(tensors, tables)
+        self.limits = [row_limit(fraction, t.rows) for t in self.tables]
         self.live = [(tensors[t.table].data, tensors[t.state].data) for t in self.tables]
         # every trainer starts from rank 0's values: the copies of each other start equal
         self.initial = [(a.clone(), s.clone()) for a, s in self.live]
         self.codecs = [RowCodec(codec, t.dim) for t in self.tables]
         self.band = 0.0 if codec.lossless else DEAD_BAND
+        self.step = min(0.5, fraction)  # CHOCO's consensus step (see the module docstring)
         self.known_by: dict[int, _Copy] = {}
         self.estimate: dict[int, _Copy] = {}
         self.agreement = RowReduce(
@@ -89,13 +102,17 @@ class RowGossip:
             return
         known_by, estimate = self._copies(peer)
         messages, counts = [], []
-        for (live, state), (known, known_state), codec in zip(
-            self.live, known_by, self.codecs, strict=True
+        for (live, state), (known, known_state), codec, limit in zip(
+            self.live, known_by, self.codecs, self.limits, strict=True
         ):
             send = changed_rows(live, known, state, known_state, band=self.band)
             snap, snap_state = live[send], state[send]
+            delta = snap - known[send]
+            if send.numel() > limit:  # the largest differences; the rest wait (row_fraction)
+                keep = largest_rows(delta, limit)
+                send, snap_state, delta = send[keep], snap_state[keep], delta[keep]
             change = snap_state - known_state[send]
-            message, decoded = codec.encode(send, snap - known[send], change)
+            message, decoded = codec.encode(send, delta, change)
             known.index_add_(0, send, decoded)
             known_state.index_add_(0, send, change)
             messages.append(message)
@@ -124,15 +141,15 @@ class RowGossip:
         known: tuple[Tensor, Tensor],
         other: tuple[Tensor, Tensor],
     ) -> None:
-        """The CHOCO step: ``live += (estimate - known_by) / 2`` on the rows where the two
+        """The CHOCO step: ``live += (estimate - known_by) * step`` on the rows where the two
         public copies differ. The peer adds the opposite (its ``known_by`` is this trainer's
         ``estimate`` and the reverse, bit for bit), so the sum over the trainers is kept
         exactly, and the workers' changes since the snapshot stay. The rows are chosen by a
         test both sides compute alike (the dead band scaled by the larger row)."""
         (table, state), (mine, mine_state), (theirs, theirs_state) = live, known, other
         rows = changed_rows(theirs, mine, theirs_state, mine_state, band=self.band, symmetric=True)
-        table.index_add_(0, rows, (theirs[rows] - mine[rows]) / 2)
-        state.index_add_(0, rows, (theirs_state[rows] - mine_state[rows]) / 2)
+        table.index_add_(0, rows, (theirs[rows] - mine[rows]) * self.step)
+        state.index_add_(0, rows, (theirs_state[rows] - mine_state[rows]) * self.step)
         state[rows] = state[rows].clamp_min(0)
 
     def agree(self) -> None:

@@ -11,9 +11,11 @@ sum by the number of trainers (``async_model_average``); the merged state is cla
 every trainer alike.
 
 ``last`` is the agreed value of every row; a row nobody sent keeps it on every trainer. Rows
-this trainer did not send were equal to ``last`` when it looked, so the round adds
-``merged - last`` to them, and ``merged - snapshot`` to its own: what the workers changed since
-stays in the live tensors for the next round.
+this trainer did not send were equal to ``last`` when it looked, or hold a change it kept back
+(``fraction`` < 1: only the largest changes go out, see
+:mod:`~bigembed.communication.sparse_rows`), so the round adds ``merged - last`` to them, and
+``merged - snapshot`` to its own: what the workers changed since, and what was kept back, stays
+in ``live - last`` for a later round. An assigning round sends every changed row.
 
 Bytes per trainer and round: ``(W - 1)`` times its message, plus the row counts (an all-gather,
 against ``2 (W - 1) / W`` times the dense table for the dense allreduce): cheaper whenever a
@@ -34,6 +36,7 @@ from bigembed.communication.sparse_rows import (
     RowFeedback,
     changed_rows,
     exchange_rows,
+    row_limit,
     row_tables,
     split_message,
 )
@@ -54,6 +57,7 @@ class RowReduce:
         tables: Mapping[int, int],
         *,
         mean: bool,
+        fraction: float = 1.0,
     ) -> None:
         self.rank = rank
         self.ranks = sorted(trainers)
@@ -67,6 +71,7 @@ class RowReduce:
         self.feedback = [
             RowFeedback(c, t.rows) for c, t in zip(self.codecs, self.tables, strict=True)
         ]
+        self.limits = [row_limit(fraction, t.rows) for t in self.tables]
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -79,12 +84,18 @@ class RowReduce:
                 snapped()
             return
         mine = []
-        for (live, state), (last, last_state), fb in zip(
-            self.live, self.last, self.feedback, strict=True
+        for (live, state), (last, last_state), fb, limit in zip(
+            self.live, self.last, self.feedback, self.limits, strict=True
         ):
             idx = changed_rows(live, last, state, last_state, fb.pending)
             snap, snap_state = live.index_select(0, idx), state.index_select(0, idx)
             delta = snap - last.index_select(0, idx)
+            if not assign:  # an agreement sends every changed row (row_fraction)
+                keep = fb.choose(idx, delta, limit)
+                if keep.numel() < idx.numel():
+                    idx, snap, snap_state, delta = (
+                        x.index_select(0, keep) for x in (idx, snap, snap_state, delta)
+                    )
             delta_state = snap_state - last_state.index_select(0, idx)
             message, _ = fb.encode(idx, delta, delta_state, snap)
             mine.append((idx, snap, snap_state, message))

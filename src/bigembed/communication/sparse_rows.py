@@ -30,10 +30,21 @@ shrinks geometrically towards 0 (about 18 rounds at int8), which would cost more
 sparsity saves. The value every trainer holds thus differs from the exact sum by at most one
 message's error plus that dead band, whatever the number of rounds; without the residual the
 error would grow with every round (a bias of the same sign for the same change).
+
+Row selection (``communication.row_fraction`` < 1, Deep Gradient Compression's top-k applied to
+rows): a data round sends at most :func:`row_limit` rows of a table, the ones whose change plus
+residual is largest (L2 norm, :func:`largest_rows`). An unsent row's change is not lost, only
+delayed: the strategies measure a row's change against the value the others already hold of it
+(``last``, ``known_by``), which an unsent row does not move, so the change stays in ``live -
+last`` and goes out, grown by whatever the workers add, in a later round; its quantization
+residual stays in :class:`RowFeedback` meanwhile. The local replica trains on its own unsent
+changes at once. A round that must leave the trainers agreeing (a checkpoint's agreement, an
+``async_ps`` flush) sends every changed row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -156,6 +167,14 @@ class RowFeedback:
         self.residual = None if codec.lossless else torch.zeros(rows, codec.dim)
         self.pending = None if codec.lossless else torch.zeros(rows, dtype=torch.bool)
 
+    def choose(self, idx: Tensor, delta: Tensor, limit: int) -> Tensor:
+        """Positions of the rows (``idx``, their changes ``delta``) a round sends: the
+        ``limit`` largest changes plus residuals (see :func:`largest_rows`)."""
+        if idx.numel() <= limit:
+            return torch.arange(idx.numel())
+        target = delta if self.residual is None else delta + self.residual[idx]
+        return largest_rows(target, limit)
+
     def encode(
         self, idx: Tensor, delta: Tensor, state: Tensor, values: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -169,6 +188,20 @@ class RowFeedback:
         self.residual.index_copy_(0, idx, left)
         self.pending[idx] = left.abs_().amax(dim=1) > DEAD_BAND * values.abs().amax(dim=1)
         return message, decoded
+
+
+def row_limit(fraction: float, rows: int) -> int:
+    """The most rows of a table of ``rows`` rows a round sends at ``row_fraction``."""
+    return rows if fraction >= 1 else max(1, math.ceil(fraction * rows))
+
+
+def largest_rows(target: Tensor, limit: int) -> Tensor:
+    """Sorted positions of the ``limit`` rows of ``target`` with the largest L2 norm (every
+    position when there are no more rows than that)."""
+    if target.shape[0] <= limit:
+        return torch.arange(target.shape[0])
+    score = target.square().sum(dim=1)
+    return torch.topk(score, limit, sorted=False).indices.sort().values
 
 
 def changed_rows(

@@ -3,8 +3,9 @@
 See :mod:`~bigembed.communication.sparse_ps` for the protocol. The loop is the dense sharer's
 (:class:`~bigembed.communication.sharer.Sharer`): paced by the same
 :class:`~bigembed.communication.sharer.Pacer`, :meth:`RowSharer.flush` waits for a round that
-starts after the call, and :meth:`RowSharer.stop` says goodbye to every remote shard, so that
-its server threads end and a later instance on the same group starts from quiet channels.
+starts after the call (one that pushes every changed row, whatever ``row_fraction``), and
+:meth:`RowSharer.stop` says goodbye to every remote shard, so that its server threads end and a
+later instance on the same group starts from quiet channels.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bigembed.communication.sparse_rows import (
     RowFeedback,
     changed_rows,
     message_bytes,
+    row_limit,
     row_tables,
     split_message,
 )
@@ -53,6 +55,7 @@ class RowSharer:
         tables: Mapping[int, int],
         on_error: Callable[[str], None],
         max_rounds_per_s: float,
+        fraction: float = 1.0,
     ) -> None:
         self.rank = rank
         self.group = group
@@ -73,6 +76,14 @@ class RowSharer:
             for k, s in enumerate(servers)
             if any(b[k + 1] > b[k] for b in bounds)
         }
+        # this trainer's own range per table: its rows reach its shard without the network,
+        # so only the others count against the limit (row_fraction)
+        k = servers.index(rank)
+        self.own = [(b[k], b[k + 1]) for b in bounds]
+        self.limits = [
+            row_limit(fraction, t.rows - (hi - lo))
+            for t, (lo, hi) in zip(self.tables, self.own, strict=True)
+        ]
         self.shard = RowShard(rank, servers, self.tables, tensors, self.codecs, group, on_error)
         self.pacer = Pacer(max_rounds_per_s)
         self.bytes_sent = 0
@@ -80,21 +91,24 @@ class RowSharer:
         self.rounds = 0
         self._started = 0
         self._completed = 0
+        self._full = False  # a flush asked for a round that sends every changed row
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bigembed-row-sharer", daemon=True)
 
     # ------------------------------------------------------------------ rounds
-    def _round(self) -> int:
-        """One push/pull with every row shard; returns the bytes it moved."""
+    def _round(self, full: bool = False) -> int:
+        """One push/pull with every row shard; returns the bytes it moved. ``full``: push
+        every changed row (otherwise at most the limit of remote rows per table)."""
         before = self.bytes_sent + self.bytes_received
         snaps = []
         for k, ((live, state), (last, last_state)) in enumerate(
             zip(self.live, self.last, strict=True)
         ):
             idx = changed_rows(live, last, state, last_state, self.feedback[k].pending)
-            snaps.append((idx, live[idx], state[idx]))
+            snap = (idx, live[idx], state[idx])
+            snaps.append(snap if full else self._choose(k, snap))
         pending = []
         local = None
         for server, ranges in self.ranges.items():
@@ -128,6 +142,21 @@ class RowSharer:
                 self._apply(k, part, snaps[k], relative)
         self.rounds += 1
         return self.bytes_sent + self.bytes_received - before
+
+    def _choose(self, k: int, snap: Rows) -> Rows:
+        """The rows of ``snap`` a round pushes: every row of this trainer's own range, and the
+        remote rows with the largest changes plus residuals, at most the table's limit; the
+        others keep their change in ``live - last`` for a later round."""
+        idx, values, now = snap
+        lo, hi = self.own[k]
+        remote = ((idx < lo) | (idx >= hi)).nonzero().view(-1)
+        if remote.numel() <= self.limits[k]:
+            return snap
+        delta = values[remote] - self.last[k][0][idx[remote]]
+        chosen = remote[self.feedback[k].choose(idx[remote], delta, self.limits[k])]
+        local = ((idx >= lo) & (idx < hi)).nonzero().view(-1)
+        keep = torch.cat([local, chosen]).sort().values
+        return idx[keep], values[keep], now[keep]
 
     def _receive(self, server: int) -> list[Rows]:
         counts = torch.empty(len(self.codecs), dtype=torch.int64)
@@ -173,8 +202,9 @@ class RowSharer:
             while not self._stop.is_set():
                 with self._cond:
                     self._started += 1
+                    full, self._full = self._full, False
                 began = self.pacer.clock()
-                moved = self._round()
+                moved = self._round(full)
                 with self._cond:
                     self._completed = self._started
                     self._cond.notify_all()
@@ -191,11 +221,13 @@ class RowSharer:
             self.on_error(f"row sharer on rank {self.rank} failed: {exc}")
 
     def flush(self, timeout: float) -> None:
-        """Wait for a complete round that started after this call."""
+        """Wait for a complete round that started after this call and pushed every changed
+        row (whatever ``row_fraction``)."""
         if not self.ranges:
             return
         with self._cond:
             goal = self._started + 1
+            self._full = True
             self._wake.set()
             deadline = time.monotonic() + timeout
             while self._completed < goal:

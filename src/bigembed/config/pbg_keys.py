@@ -45,6 +45,7 @@ BIGEMBED_ONLY_KEYS = (
     "communication.sync_every",
     "communication.sync_interval",
     "communication.sparse_rows",
+    "communication.row_fraction",
     "communication.overlap",
     "communication.hierarchical",
     "communication.edge_split",

@@ -136,6 +136,15 @@ class CommunicationSchema(BaseModel):
         "configured precision) instead of the whole table; the rows' Adagrad state goes with "
         "them.",
     )
+    row_fraction: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="bigembed only: with sparse_rows, the most rows of an embedding table a "
+        "round sends, as a fraction of the table's rows: the rows whose change (plus error "
+        "feedback) is largest; the others keep their change for a later round, and a "
+        "checkpoint's agreement sends them all. 1 sends every changed row.",
+    )
     overlap: Bool = Field(
         default=False,
         description="bigembed only: synchronous strategies (allreduce, decentralized): run a "

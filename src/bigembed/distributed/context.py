@@ -244,6 +244,7 @@ class DistContext:
             on_error=self.fail,
             gate=gate,
             sparse_rows=sparse_rows,
+            row_fraction=comm.row_fraction,
             overlap=comm.overlap,
             hierarchical=comm.hierarchical,
             hosts=self.trainer_hosts(),

@@ -62,6 +62,7 @@ class AsyncParameterServer(Strategy):
                 shared.row_tables,
                 env.on_error,
                 max_rounds_per_s=1.0 / env.sync_interval,
+                fraction=env.row_fraction,
             )
             if sparse
             else None

@@ -82,6 +82,9 @@ class StrategyEnv:
     gate: BatchGate | None = None
     #: send row tables' changes as row-sparse deltas (``communication.sparse_rows``)
     sparse_rows: bool = False
+    #: with ``sparse_rows``: the most rows of a row table a data round sends, as a fraction of
+    #: the table's rows (the largest changes; ``communication.row_fraction``, 1: all)
+    row_fraction: float = 1.0
     #: a synchronous strategy opens the gate once a round's snapshot is taken, so its
     #: communication overlaps the next ``sync_every`` batches (``communication.overlap``)
     overlap: bool = False

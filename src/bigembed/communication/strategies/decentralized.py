@@ -71,7 +71,13 @@ class Decentralized(Strategy):
         self.segments = [Segment(i, 0, n) for i, n in enumerate(numels) if n > 0]
         self.rows = (
             RowGossip(
-                env.rank, env.trainers, env.group, env.codec, shared.tensors, shared.row_tables
+                env.rank,
+                env.trainers,
+                env.group,
+                env.codec,
+                shared.tensors,
+                shared.row_tables,
+                fraction=env.row_fraction,
             )
             if sparse
             else None
