@@ -16,11 +16,10 @@ processes would not be patched). ``--check`` compares simulated and real bf16 pr
 
 from __future__ import annotations
 
+import runpy
 import sys
 
 import torch
-
-from bigembed.cli import main
 
 _NAMES = ("mm", "matmul", "bmm")
 _TENSOR_NAMES = ("mm", "matmul", "bmm", "__matmul__")
@@ -76,7 +75,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--check"]:
         check()
     else:
-        with SimulatedBf16():
-            code = main(sys.argv[1:])
-        print(f"bf16 products simulated: {SimulatedBf16.products}", file=sys.stderr)
-        sys.exit(code)
+        sys.argv = ["bigembed", *sys.argv[1:]]
+        try:
+            with SimulatedBf16():
+                runpy.run_module("bigembed", run_name="__main__", alter_sys=True)
+        finally:
+            print(f"bf16 products simulated: {SimulatedBf16.products}", file=sys.stderr)
