@@ -22,6 +22,7 @@ from bigembed.ranking.filters import KnownEdges
 from bigembed.ranking.full import EvalEdges, rank_edges
 from bigembed.registry import UnknownName
 from bigembed.train import loop
+from bigembed.train.records import EdgeStats, Position, StepLog, StepRecord, merge_step_logs
 from bigembed.train.single_machine import train
 from support.checkpoints import make_config, write_checkpoint
 from support.graphs import graph_config, write_graph
@@ -326,3 +327,21 @@ def test_full_ranking_runs_bf16_products_and_keeps_exact_ties(tmp_path: Path) ->
     assert bf16 == fp32
     # tails of (e0, r, ?) and (e2, r, ?), raw then filtered: e0 ties the true e5 (score 4)
     assert fp32[2:] == [[4, 6], [3, 5]]
+
+
+def test_a_distributed_step_records_the_trainers_dtypes() -> None:
+    """Merged step records: one dtype where every trainer agrees, ``mixed`` naming the first
+    trainer that differs."""
+
+    def log(name: str) -> StepLog:
+        step = StepRecord(Position(1), EdgeStats(count=10))
+        step.compute_dtype, step.compute_dtype_reason = name, f"reason {name}"
+        return StepLog([], step)
+
+    same = merge_step_logs([log("float32"), log("float32")]).step
+    assert (same.compute_dtype, same.compute_dtype_reason) == ("float32", "reason float32")
+    mixed = merge_step_logs([log("float32"), log("bfloat16")]).step
+    assert (mixed.compute_dtype, mixed.compute_dtype_reason) == (
+        "mixed",
+        "trainer 0: float32; trainer 1: reason bfloat16",
+    )
