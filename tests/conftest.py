@@ -6,7 +6,9 @@ commands, ranks, Hogwild workers) through ``OMP_NUM_THREADS``. The suite runs tw
 once on a 2-core machine and most tests start processes of their own: with torch's default of one
 thread per core, the OpenMP threads of several processes wait on each other at every parallel
 region of the tiny test batches. Tests that need the default thread choice (a rank's share of the
-cores) remove ``OMP_NUM_THREADS`` from the environment of the process they start.
+cores) remove ``OMP_NUM_THREADS`` from the environment of the process they start. Likewise
+``BIGEMBED_COMPUTE_DTYPE=float32``: ``compute_dtype: auto`` gives the same products on every
+machine.
 
 Fixtures: ``tiny_graph`` (a 200-entity planted graph written under the test's ``tmp_path``),
 ``tiny_config`` (its config), ``trained_checkpoint`` (a tiny model trained once per test module on
@@ -32,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# compute_dtype: auto is float32 in every test process, whatever the machine's bf16 units
+# (tests/test_dtype_choice.py covers the decision itself).
+os.environ.setdefault("BIGEMBED_COMPUTE_DTYPE", "float32")
 
 import pytest
 import torch

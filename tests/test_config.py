@@ -166,7 +166,7 @@ PBG_DEFAULTS = {
     "half_precision": False,
     # bigembed-only
     "seed": 0,
-    "compute_dtype": "float32",
+    "compute_dtype": "auto",
     "kernel": "auto",
     "distributed_mode": "partitioned",
     "distributed_timeout": 60.0,

@@ -16,7 +16,7 @@ from bigembed.model import NegativeSettings, ScoringModel, SideEmbeddings
 from bigembed.model.losses import ranking_loss
 from bigembed.model.names import (
     COMPARATOR_NAMES,
-    COMPUTE_DTYPE_NAMES,
+    COMPUTE_DTYPE_SETTINGS,
     LOSS_NAMES,
     OPERATOR_NAMES,
 )
@@ -46,7 +46,7 @@ def raw(**overrides: Any) -> dict[str, Any]:
         ("relations.operator", OPERATOR_NAMES),
         ("comparator", COMPARATOR_NAMES),
         ("loss_fn", LOSS_NAMES),
-        ("compute_dtype", COMPUTE_DTYPE_NAMES),
+        ("compute_dtype", COMPUTE_DTYPE_SETTINGS),
     ],
 )
 def test_config_allows_exactly_the_registry_names(key: str, names: tuple[str, ...]) -> None:

@@ -324,9 +324,11 @@ class ConfigSchema(BaseModel):
         description="bigembed only: seed of partition assignment, bucket orders and shuffles.",
     )
     compute_dtype: ComputeDtypeName = Field(
-        default="float32",
-        description="bigembed only: float32, or bfloat16 compute (master weights and Adagrad "
-        "state stay float32).",
+        default="auto",
+        description="bigembed only: dtype of the score products: auto = bfloat16 where the CPU "
+        "has bf16 matrix units and they measure faster (AVX-512 BF16, AMX), else float32 "
+        "(decided once per machine, cached); or float32 / bfloat16 (master weights and "
+        "Adagrad state stay float32).",
     )
     kernel: Annotated[str, OneOf(("auto", "native", "eager"))] = Field(
         default="auto",

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from bigembed.model import COMPARATOR_NAMES, COMPUTE_DTYPE_NAMES, LOSS_NAMES, OPERATOR_NAMES
+from bigembed.model import COMPARATOR_NAMES, COMPUTE_DTYPE_SETTINGS, LOSS_NAMES, OPERATOR_NAMES
 from bigembed.registry import Registry
 
 _TRUE = frozenset({"true", "yes", "on", "1", "y", "t"})
@@ -215,7 +215,7 @@ BucketOrderName = Literal["random", "affinity", "inside_out", "outside_in", "buf
 OperatorName = Annotated[str, OneOf(OPERATOR_NAMES)]
 ComparatorName = Annotated[str, OneOf(COMPARATOR_NAMES)]
 LossName = Annotated[str, OneOf(LOSS_NAMES)]
-ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPE_NAMES)]
+ComputeDtypeName = Annotated[str, OneOf(COMPUTE_DTYPE_SETTINGS)]
 PrecisionName = Annotated[str, OneOf(PRECISION_NAMES)]
 EvalProtocolName = Annotated[str, OneOf(("full", "sampled"))]
 ValidationMetricName = Annotated[str, OneOf(("mrr", "hits@1", "hits@3", "hits@10", "auc"))]

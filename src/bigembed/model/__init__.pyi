@@ -1,10 +1,12 @@
 from .batch import BatchScores, Corruption, NegativeSettings, QueryBatch, SideEmbeddings
 from .comparators import Comparator, CosComparator, DotComparator
+from .dtype_choice import DtypeChoice, choose_compute_dtype
 from .featurized import FeatureBags, normalise_bag_weights
 from .names import (
     COMPARATOR_NAMES,
     COMPARATORS,
     COMPUTE_DTYPE_NAMES,
+    COMPUTE_DTYPE_SETTINGS,
     COMPUTE_DTYPES,
     LOSS_NAMES,
     LOSSES,
@@ -23,6 +25,7 @@ __all__ = [
     "COMPARATOR_NAMES",
     "COMPUTE_DTYPES",
     "COMPUTE_DTYPE_NAMES",
+    "COMPUTE_DTYPE_SETTINGS",
     "LOSSES",
     "LOSS_NAMES",
     "MASKED",
@@ -35,6 +38,7 @@ __all__ = [
     "CosComparator",
     "DiagonalOperator",
     "DotComparator",
+    "DtypeChoice",
     "FeatureBags",
     "IdentityOperator",
     "ModelSpec",
@@ -45,6 +49,7 @@ __all__ = [
     "SideEmbeddings",
     "TranslationOperator",
     "batch_negative_unmasked",
+    "choose_compute_dtype",
     "from_pbg",
     "normalise_bag_weights",
     "pbg_param_name",

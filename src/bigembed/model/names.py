@@ -76,12 +76,16 @@ OPERATOR_NAMES: tuple[str, ...] = OPERATORS.names
 COMPARATOR_NAMES: tuple[str, ...] = COMPARATORS.names
 LOSS_NAMES: tuple[str, ...] = LOSSES.names
 COMPUTE_DTYPE_NAMES: tuple[str, ...] = COMPUTE_DTYPES.names
+#: What the config's ``compute_dtype`` accepts: a dtype, or ``auto`` (decided per machine by
+#: :mod:`bigembed.model.dtype_choice`).
+COMPUTE_DTYPE_SETTINGS: tuple[str, ...] = ("auto", *COMPUTE_DTYPE_NAMES)
 
 __all__: list[str] = [
     "COMPARATORS",
     "COMPARATOR_NAMES",
     "COMPUTE_DTYPES",
     "COMPUTE_DTYPE_NAMES",
+    "COMPUTE_DTYPE_SETTINGS",
     "LOSSES",
     "LOSS_NAMES",
     "OPERATORS",

@@ -41,9 +41,9 @@ from bigembed.model.comparators import (
     DotComparator,
     make_comparator,
 )
+from bigembed.model.dtype_choice import DtypeChoice, choose_compute_dtype
 from bigembed.model.fused import LOSS_KINDS
 from bigembed.model.losses import make_loss
-from bigembed.model.names import COMPUTE_DTYPES
 from bigembed.model.operators import IdentityOperator, Operator, ParamDropout, make_operator
 from bigembed.model.relation_prediction import relation_prediction_loss
 from bigembed.model.side_scoring import (
@@ -91,7 +91,9 @@ class ScoringModel(nn.Module):
         self.entity_dropout = float(spec.entity_dropout)
         self.relation_dropout = float(spec.relation_dropout)
         self.dropout = self.entity_dropout > 0 or self.relation_dropout > 0
-        self.compute_dtype = COMPUTE_DTYPES.get(spec.compute_dtype)
+        # auto: decided once per process from this machine (bigembed.model.dtype_choice)
+        self.dtype_choice = choose_compute_dtype(spec.compute_dtype)
+        self.compute_dtype = self.dtype_choice.dtype
         self.relpred_weight = float(spec.relation_prediction_weight)
         # One generator for every operator, in construction order: the same seed gives the
         # same operators in every process that builds the model (Hogwild, distributed ranks).
@@ -120,6 +122,11 @@ class ScoringModel(nn.Module):
                 self.global_embs[etype] = nn.Parameter(torch.zeros(dim))
 
     # ------------------------------------------------------------------ helpers
+    def use_dtype(self, choice: DtypeChoice) -> None:
+        """Run the score products in ``choice``'s dtype from now on."""
+        self.dtype_choice = choice
+        self.compute_dtype = choice.dtype
+
     def relation_spec(self, relation_idx: int) -> RelationSpec:
         """The relation ``relation_idx`` (dynamic mode: the template all ids share)."""
         return self.spec.relation(relation_idx)

@@ -46,7 +46,9 @@ class ModelSpec:
     num_dynamic_relations: int = 0
     max_norm: float | None = None  # embedding rows are renormalised to this norm when gathered
     regularization_coef: float = 0.0  # weight of the N3 regulariser (0 = off)
-    compute_dtype: str = "float32"  # a name of COMPUTE_DTYPES: dtype of the scoring matmuls
+    # a name of COMPUTE_DTYPES, or "auto" (bigembed.model.dtype_choice): dtype of the score
+    # products (the config's default is "auto"; a spec built directly gets float32)
+    compute_dtype: str = "float32"
     # None: operators start as the identity (PBG); a number: their parameters start N(0, s^2)
     relation_init_scale: float | None = None
     seed: int = 0  # seeds the random operator initialization (relation_init_scale)

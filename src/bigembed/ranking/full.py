@@ -15,7 +15,9 @@ How it stays fast and bounded:
   global embedding, operator, normalisation), then over chunks of anchors, so one score matrix
   is at most ``max_scores`` floats and each partition is read once per pass;
 * counting (``scores >= positive``) and the filter corrections run in numpy on the matrix
-  the product produced, with no copies for edges that own their anchor.
+  the product produced, with no copies for edges that own their anchor;
+* the products run in the model's compute dtype (``compute_dtype``: bf16 where chosen), the
+  scores upcast to fp32 and compared with the positives' fp32 scores (:func:`_scorer`).
 """
 
 from __future__ import annotations
@@ -333,7 +335,7 @@ def _rank_sorted(
     q = max(1, min(chunk_size, num_anchors))
     anchor_starts = list(range(0, num_anchors, q))
     edge_bounds = [int(first[a]) for a in anchor_starts] + [n]
-    score = _scorer(cmp)
+    score = _scorer(cmp, model.compute_dtype)
     anchors_np = anchors.numpy()
     buffer = np.empty(0, np.float32)
     for part in range(len(bases) - 1):
@@ -376,19 +378,30 @@ def _rank_sorted(
     return raw, filt_ge, removed
 
 
-def _scorer(cmp: Comparator) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """``score(anchors (M, D), candidates (N, D), out (M, N))`` -> the comparator's scores.
+def _scorer(
+    cmp: Comparator, dtype: torch.dtype = torch.float32
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """``score(anchors (M, D), candidates (N, D), out (M, N))`` -> the comparator's scores,
+    always written as fp32 into ``out``.
 
-    Dot products (``dot``, and ``cos`` whose normalisation happened in ``prepare``) go
+    In fp32, dot products (``dot``, and ``cos`` whose normalisation happened in ``prepare``) go
     straight to numpy's BLAS, which runs this shape faster than torch's matmul; other
-    comparators use their own batched formula.
+    comparators use their own batched formula. In another compute dtype (bf16) the operands
+    are rounded to it and torch multiplies them (fp32 accumulation inside the product); the
+    scores are then upcast, so they are compared with the positives' fp32 scores: a candidate
+    ties the true entity only when their scores are equal, not when both round to one bf16
+    value.
     """
-    if isinstance(cmp, DotComparator):
+    if dtype == torch.float32 and isinstance(cmp, DotComparator):
         return lambda a, c, out: np.matmul(a, c.T, out=out)
 
     def generic(a: np.ndarray, c: np.ndarray, out: np.ndarray) -> np.ndarray:
-        res = cmp.neg(torch.from_numpy(a).unsqueeze(0), torch.from_numpy(c).unsqueeze(0))[0]
-        out[...] = res.numpy()
+        at, ct = torch.from_numpy(a).to(dtype), torch.from_numpy(c).to(dtype)
+        if isinstance(cmp, DotComparator):
+            res = torch.mm(at, ct.t())
+        else:
+            res = cmp.neg(at.unsqueeze(0), ct.unsqueeze(0))[0]
+        torch.from_numpy(out).copy_(res)
         return out
 
     return generic

@@ -33,6 +33,7 @@ from bigembed.buckets import bucket_sides, chunk_sizes, negative_settings, parti
 from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.kernels import KernelChoice, StepStats, choose_kernel
+from bigembed.model import DtypeChoice, NegativeSettings, ScoringModel
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.evaluation import split_eval
 from bigembed.train.growth import FROZEN_REASON, frozen_rows
@@ -149,6 +150,7 @@ class TrainingLoop:
         self.share = share
         self._last_record: StepRecord | None = None
         self.kernel: KernelChoice | None = None  # decided when the run starts
+        self.dtype: DtypeChoice | None = None  # the model's compute dtype, printed then
         #: the edge read-ahead thread (inline without ``partition_prefetch``)
         self._edge_io = PartitionIO(background=self.cfg.partition_prefetch)
 
@@ -170,7 +172,9 @@ class TrainingLoop:
             freeze_relations="relations" in cfg.growth.freeze,
         )
         # Decided once, here: the workers load the library it names and never decide again.
-        self.kernel = setup.kernel = choose_kernel(cfg.kernel, setup.model, setup.negs)
+        self.kernel = setup.kernel = _choose_kernel(cfg.kernel, setup.model, setup.negs)
+        self.dtype = setup.model.dtype_choice
+        logger.info("%s", self.dtype.line())
         if setup.frozen_rows or setup.freeze_relations:
             self.kernel = setup.kernel = KernelChoice("eager", FROZEN_REASON)
         (logger.warning if self.kernel.degraded else logger.info)("%s", self.kernel.line())
@@ -284,6 +288,8 @@ class TrainingLoop:
         )
         if self.kernel is not None:
             step.kernel, step.kernel_reason = self.kernel.kernel, self.kernel.reason
+        if self.dtype is not None:
+            step.compute_dtype, step.compute_dtype_reason = self.dtype.name, self.dtype.reason
         if self.gate is not None:
             step.gate_wait_seconds = self.gate.wait_seconds() - gate0
         if self.share is not None:
@@ -374,3 +380,22 @@ def standard_observers(
             )
         )
     return out
+
+
+#: Why ``compute_dtype: auto`` keeps fp32 where bf16 units exist but the native kernel applies.
+NATIVE_FP32 = "auto: float32 for the native kernel (its small products are not the bottleneck)"
+
+
+def _choose_kernel(requested: str, model: ScoringModel, negs: NegativeSettings) -> KernelChoice:
+    """The run's kernel (``kernel: requested``). Where ``compute_dtype: auto`` chose bf16 and
+    the native kernel, which runs fp32 only, could take the model's batches in fp32, fp32 and
+    the native kernel win: it applies where a batch's products are small and the hundred
+    small torch operations of the eager step dominate."""
+    choice = model.dtype_choice
+    if choice.auto and choice.name == "bfloat16" and requested != "eager":
+        model.use_dtype(DtypeChoice("float32", NATIVE_FP32, auto=True))
+        kernel = choose_kernel(requested, model, negs)
+        if kernel.kernel == "native":
+            return kernel
+        model.use_dtype(choice)
+    return choose_kernel(requested, model, negs)

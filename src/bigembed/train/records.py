@@ -21,7 +21,10 @@ Keys:
   Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
 * step: ``io_bytes_read``, ``io_bytes_written``, ``io_wait_seconds``, and in distributed runs
   ``net_bytes``, ``lock_waits``, ``trainers``; ``kernel`` (``native`` or ``eager``: the training
-  step's path, decided once per run) and ``kernel_reason`` (why), absent from older files.
+  step's path, decided once per run) and ``kernel_reason`` (why), absent from older files;
+  ``compute_dtype`` (``float32`` or ``bfloat16``: the score products' dtype, decided once per
+  run; ``mixed`` where a distributed run's trainers differ) and ``compute_dtype_reason``, absent
+  from older files.
 """
 
 from __future__ import annotations
@@ -193,6 +196,9 @@ class StepRecord(JsonForm):
     #: the run's kernel choice (bigembed.kernels.native.choice); absent from older files
     kernel: str | None = omit_none()
     kernel_reason: str | None = omit_none()
+    #: the model's compute dtype (bigembed.model.dtype_choice) and why; absent from older files
+    compute_dtype: str | None = omit_none()
+    compute_dtype_reason: str | None = omit_none()
     #: distributed, synchronous strategies: seconds the workers waited at the strategy's gate
     #: (summed over workers and, merged, over trainers), and each trainer's share
     gate_wait_seconds: float | None = omit_none()
@@ -276,6 +282,7 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         gate_wait_by_trainer=gates if gates else None,
         mode=steps[0].mode,
         **_merge_kernels(steps),
+        **_merge_dtypes(steps),
     )
     buckets = [replace(b, trainer=r) for r, p in enumerate(parts) for b in p.buckets]
     return StepLog(buckets, step)
@@ -288,6 +295,20 @@ def _merge_kernels(steps: Sequence[StepRecord]) -> dict[str, str | None]:
         if s.kernel == "eager":
             return {"kernel": "eager", "kernel_reason": f"trainer {rank}: {s.kernel_reason}"}
     return {"kernel": steps[0].kernel, "kernel_reason": steps[0].kernel_reason}
+
+
+def _merge_dtypes(steps: Sequence[StepRecord]) -> dict[str, str | None]:
+    """The compute dtype of a distributed step: the first trainer's, or, where trainers
+    differ (machines with and without bf16 units), the first one that differs, named."""
+    first = steps[0]
+    for rank, s in enumerate(steps):
+        if s.compute_dtype != first.compute_dtype:
+            reason = f"trainer 0: {first.compute_dtype}; trainer {rank}: {s.compute_dtype_reason}"
+            return {"compute_dtype": "mixed", "compute_dtype_reason": reason}
+    return {
+        "compute_dtype": first.compute_dtype,
+        "compute_dtype_reason": first.compute_dtype_reason,
+    }
 
 
 @dataclasses.dataclass

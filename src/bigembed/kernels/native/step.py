@@ -103,7 +103,9 @@ def scoring_unsupported(model: ScoringModel) -> str | None:
         comparator = f"{spec.comparator} with bias" if spec.bias else spec.comparator
         return f"comparator {comparator} with loss_fn {spec.loss} is not supported natively"
     if model.compute_dtype != torch.float32:
-        return f"compute_dtype: {spec.compute_dtype} is not supported natively"
+        chosen = model.dtype_choice.name
+        setting = chosen if spec.compute_dtype == chosen else f"{spec.compute_dtype} ({chosen})"
+        return f"compute_dtype: {setting} is not supported natively"
     return None
 
 
