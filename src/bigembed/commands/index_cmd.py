@@ -102,7 +102,7 @@ def run_index(args: argparse.Namespace) -> int:
     def say(info) -> None:
         if info.type in bars:
             bars.pop(info.type).close()
-        knob_text = ", ".join(f"{k} {v}" for k, v in info.params.items())
+        knob_text = ", ".join(f"{k} {v}" for k, v in info.params.items() if v is not None)
         print(
             f"{info.type}: {info.kind} index of {info.count:,} x {info.dim} ({info.metric}"
             f"{', ' + knob_text if knob_text else ''}) built in {info.build_seconds:.1f} s"
