@@ -13,7 +13,8 @@ import torch
 import bigembed
 from bigembed.checkpoints import start_over
 from bigembed.cli import main as cli_main
-from bigembed.serving import IndexKnobs, QueryError, build_indexes
+from bigembed.serving import IndexKnobs, QueryError, ann_build, build_indexes
+from bigembed.serving.ann_tune import TuningSample, set_ivf_search, tune_nprobe, without_self
 from support.checkpoints import make_config, write_checkpoint, write_graph
 
 faiss = pytest.importorskip("faiss")
@@ -31,9 +32,10 @@ def random_model(
     version: int = 1,
     seed: int = 0,
     params: dict[str, torch.Tensor] | None = None,
+    rows: np.ndarray | None = None,
 ):
-    """A checkpoint of ``n`` random entities in two partitions, two relations with random
-    operator parameters, and a few known edges (for filtering)."""
+    """A checkpoint of ``n`` random entities (``rows`` when given) in two partitions, two
+    relations with random operator parameters, and a few known edges (for filtering)."""
     rng = np.random.default_rng(seed)
     names = [f"e{i}" for i in range(n)]
     parts = [names[: n // 2], names[n // 2 :]]
@@ -49,7 +51,9 @@ def random_model(
             {"name": r, "lhs": "node", "rhs": "node", "operator": operator} for r in RELATIONS
         ],
     )
-    embs = {("node", p): rng.standard_normal((len(parts[p]), dim)) for p in range(2)}
+    if rows is None:
+        rows = rng.standard_normal((n, dim))
+    embs = {("node", 0): rows[: n // 2], ("node", 1): rows[n // 2 :]}
     if params is None:
         params = {}
         for i in range(len(RELATIONS)):
@@ -179,3 +183,70 @@ def test_cli_index_similar_exact_and_fresh(tmp_path, capsys, caplog) -> None:
     assert cli_main(["predict", ckpt, "--lhs", "e3", "--rel", "r0", "--exact"]) == 0
     start_over(ckpt)  # train --fresh: the indexes go with the checkpoint
     assert not (Path(ckpt) / "index").exists()
+
+
+def clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Rows around 40 centres, like trained embeddings (an IVF index's lists follow them)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((40, dim))
+    return centres[rng.integers(40, size=n)] + 0.5 * rng.standard_normal((n, dim))
+
+
+def test_the_kind_and_knobs_follow_the_size() -> None:
+    assert IndexKnobs().resolved(100_000, 128) == {"kind": "flat"}
+    assert IndexKnobs().resolved(2_000_000, 128)["kind"] == "hnsw"
+    big = IndexKnobs().resolved(10_000_000, 128)
+    assert big["kind"] == "ivfpq" and big["nlist"] == 3162  # sqrt(rows)
+    assert big["nprobe"] is None and big["target_recall"] == 0.95  # tuned at build time
+    assert big["train_rows"] == 40 * 3162 and big["pq"] == 32
+    given = IndexKnobs(nprobe=20).resolved(10_000_000, 128)
+    assert given["nprobe"] == 20 and given["target_recall"] is None and given["tune_queries"] == 0
+    assert IndexKnobs(kind="flat").resolved(10_000_000, 128) == {"kind": "flat"}
+
+
+def test_tune_nprobe_returns_the_smallest_value_reaching_the_target() -> None:
+    x = clustered(4000, 16).astype(np.float32)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(16), 16, 64)
+    index.train(x)
+    index.add(x)
+    ids = np.arange(0, 4000, 20)
+    sample = TuningSample(ids, x[ids], "l2")
+    for first in range(0, 4000, 1000):  # the exact top-k, block by block
+        sample.push(first, x[first : first + 1000])
+
+    def recall(nprobe: int) -> float:
+        set_ivf_search(index, nprobe)
+        return sample.recall(without_self(index.search(x[ids], 21)[1], ids, 20))
+
+    for target in (0.6, 0.9, 0.99, 1.0):
+        nprobe, got = tune_nprobe(index, sample, 64, 20, target)
+        assert got == recall(nprobe) >= target
+        assert nprobe == 1 or recall(nprobe - 1) < target
+
+
+def test_the_tuned_index_reaches_the_target_recall(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(ann_build, "BLOCK_ROWS", 1000)  # several blocks per partition
+    n = 12_000
+    cfg, names = random_model(
+        tmp_path, "cos", "none", n=n, dim=16, params={}, rows=clustered(n, 16)
+    )
+    knobs = IndexKnobs(kind="ivfpq", pq=8, target_recall=0.9, tune_queries=300)
+    _, (info,) = build_indexes(cfg.checkpoint_path, knobs=knobs)
+    p = info.params
+    assert p["nlist"] == 109 and 1 < p["nprobe"] < p["nlist"]
+    assert p["tuned_recall"] >= 0.9 and p["target_recall"] == 0.9
+    model = bigembed.load(cfg.checkpoint_path)  # as a user queries: entities, other than tuned
+    queries = names[7::60]
+    approx = model.similar(queries, k=10)
+    exact = model.similar(queries, k=10, exact=True)
+    hits = sum(
+        len({x.name for x in a} & {x.name for x in b}) for a, b in zip(approx, exact, strict=True)
+    )
+    assert hits / (10 * len(queries)) >= 0.85
+
+
+def test_cli_refuses_a_bad_target_recall(tmp_path, capsys) -> None:
+    cfg, _ = random_model(tmp_path, "cos", "none")
+    assert cli_main(["index", str(cfg.checkpoint_path), "--target-recall", "1.5"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--target-recall 1.5" in err and len(err.splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bigembed.commands.versions import add_version_argument, checkpoint_of
 from bigembed.errors import InputError
@@ -15,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Build a FAISS index of each entity type of a checkpoint version, stored in "
         "CHECKPOINT/index/vN/; similar and predict of that version then use it (--exact scans "
         "every entity). Kind by size: flat (exact) up to 100,000 rows, hnsw up to 2,000,000, "
-        "ivfpq beyond; metric from the comparator. See docs/ann_index.md.",
+        "ivfpq beyond (nprobe tuned to --target-recall); metric from the comparator. See "
+        "docs/ann_index.md.",
     )
     p.add_argument("checkpoint_dir", help="a checkpoint directory (the config's checkpoint_path)")
     p.add_argument("--type", action="append", help="entity type (repeatable; default: all)")
@@ -35,8 +37,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     knobs.add_argument("--m", type=int, default=32, help="hnsw: neighbours per node (32)")
     knobs.add_argument("--ef-construction", type=int, default=200, help="hnsw: build width (200)")
     knobs.add_argument("--ef-search", type=int, default=128, help="hnsw: search width (128)")
-    knobs.add_argument("--nlist", type=int, help="ivfpq: inverted lists (4 sqrt(rows))")
-    knobs.add_argument("--nprobe", type=int, help="ivfpq: lists searched (nlist/16, >= 16)")
+    knobs.add_argument("--nlist", type=int, help="ivfpq: inverted lists (sqrt(rows))")
+    knobs.add_argument(
+        "--nprobe",
+        type=int,
+        help="ivfpq: lists searched per query (default: tuned, the smallest reaching "
+        "--target-recall on held-out rows)",
+    )
+    knobs.add_argument(
+        "--target-recall",
+        type=float,
+        default=0.95,
+        help="ivfpq: recall@10 the tuned nprobe reaches on a sample of the table's rows (0.95)",
+    )
     knobs.add_argument("--pq", type=int, help="ivfpq: bytes per row (dimension / 4)")
     knobs.add_argument(
         "--rerank", type=int, default=10, help="ivfpq: candidates rescored per result (10)"
@@ -51,7 +64,9 @@ def run_index(args: argparse.Namespace) -> int:
         import faiss  # noqa: F401
     except ImportError:
         raise InputError("bigembed index needs FAISS: pip install 'bigembed[ann]'") from None
-    from bigembed.serving import IndexKnobs, build_indexes
+    from tqdm import tqdm
+
+    from bigembed.serving import BuildWatch, IndexKnobs, build_indexes
 
     for name in ("m", "ef_construction", "ef_search", "nlist", "nprobe", "pq", "rerank"):
         value = getattr(args, name)
@@ -59,6 +74,8 @@ def run_index(args: argparse.Namespace) -> int:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer")
     if args.train_rows is not None and args.train_rows < 1:
         raise InputError("--train-rows must be a positive integer")
+    if not 0 < args.target_recall <= 1:
+        raise InputError(f"--target-recall {args.target_recall}: must be in (0, 1]")
     knobs = IndexKnobs(
         kind=args.kind,
         m=args.m,
@@ -69,10 +86,23 @@ def run_index(args: argparse.Namespace) -> int:
         pq=args.pq,
         rerank=args.rerank,
         train_rows=args.train_rows,
+        target_recall=args.target_recall,
     )
 
+    bars: dict[str, tqdm] = {}
+
+    def added(etype: str, rows: int, total: int) -> None:
+        if etype not in bars:
+            bars[etype] = tqdm(total=total, desc=f"{etype}: adding", unit=" rows", leave=False)
+        bars[etype].update(rows)
+
+    def step(line: str) -> None:
+        tqdm.write(line, file=sys.stderr)
+
     def say(info) -> None:
-        knob_text = ", ".join(f"{k} {v}" for k, v in info.params.items())
+        if info.type in bars:
+            bars.pop(info.type).close()
+        knob_text = ", ".join(f"{k} {v}" for k, v in info.params.items() if v is not None)
         print(
             f"{info.type}: {info.kind} index of {info.count:,} x {info.dim} ({info.metric}"
             f"{', ' + knob_text if knob_text else ''}) built in {info.build_seconds:.1f} s"
@@ -84,6 +114,7 @@ def run_index(args: argparse.Namespace) -> int:
         knobs=knobs,
         metric=args.metric,
         progress=say,
+        watch=BuildWatch(step=step, rows=added),
     )
     print(
         f"wrote {folder} (checkpoint version {infos[0].version}, {len(infos)} type(s)); "

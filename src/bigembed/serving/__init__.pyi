@@ -1,4 +1,11 @@
-from .ann_build import FLAT_MAX_ROWS, HNSW_MAX_ROWS, KINDS, IndexKnobs, build_indexes
+from .ann_build import (
+    FLAT_MAX_ROWS,
+    HNSW_MAX_ROWS,
+    KINDS,
+    BuildWatch,
+    IndexKnobs,
+    build_indexes,
+)
 from .ann_files import IndexInfo
 from .errors import QueryError, UnknownNameError
 from .examples import example_predictions
@@ -9,6 +16,7 @@ __all__ = [
     "FLAT_MAX_ROWS",
     "HNSW_MAX_ROWS",
     "KINDS",
+    "BuildWatch",
     "EmbeddingModel",
     "IndexInfo",
     "IndexKnobs",

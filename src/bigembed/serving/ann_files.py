@@ -28,6 +28,7 @@ import numpy as np
 
 from bigembed.atomic import atomic_directory, atomic_write_text
 from bigembed.checkpoints import BEST_DIR, INDEX_DIR, VERSION_FILE, TrainedModel
+from bigembed.serving.ann_tune import set_ivf_search
 from bigembed.serving.errors import QueryError
 
 logger = logging.getLogger(__name__)
@@ -123,9 +124,7 @@ class LoadedIndex:
         self.rerank = max(1, int(info.params.get("rerank", 1)))
         self.ef_search = int(info.params.get("ef_search", 0))
         if info.kind == "ivfpq":
-            import faiss
-
-            faiss.extract_index_ivf(index).nprobe = int(info.params["nprobe"])
+            set_ivf_search(index, int(info.params["nprobe"]))
 
     def search(self, queries: np.ndarray, fetch: int) -> np.ndarray:
         """Ids (global; -1 where fewer exist) of the ``fetch`` nearest rows per query, in the
