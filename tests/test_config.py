@@ -182,7 +182,7 @@ PBG_DEFAULTS = {
     "entity_dropout": 0.0,  # 0: no dropout, as PBG
     "relation_dropout": 0.0,
     "relation_prediction_weight": 0.0,  # 0: no relation-prediction objective
-    "growth": GrowthSchema(),  # extended stores: random new rows, nothing frozen
+    "growth": GrowthSchema(),  # extended stores: random new rows, nothing frozen, every edge
     "edge_files": EdgeFilesSchema(),  # import reads column 0, 1, 2 of headerless files
 }
 

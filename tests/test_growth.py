@@ -3,7 +3,8 @@
 An extension keeps every old entity's (partition, offset) and fills the smallest partitions
 first; a checkpoint of the old store is a prefix of the new one, not an orphan; growing keeps
 every old row and its Adagrad state bit for bit; ``growth.freeze`` keeps them through training;
-``growth.init: neighbors`` starts a new row at its old neighbours' mean.
+``growth.init: neighbors`` starts a new row at its old neighbours' mean; ``growth.edges: new``
+hands the trainer only the edges touching a new entity, plus the replay share of the others.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from bigembed.cli import main as cli_main
 from bigembed.config import GrowthSchema, load_config
 from bigembed.importing.extension import fill_smallest_first
 from bigembed.storage import EntityStore
-from bigembed.train import TrainingJob, grow_checkpoint, init_embeddings
+from bigembed.train import Iteration, TrainingJob, TrainingLoop, grow_checkpoint, init_embeddings
 from support.imports import random_edges, write_config, write_tsv
 
 OLD = random_edges(300, 24, ["r"])
@@ -244,3 +245,70 @@ def test_readers_skip_a_best_version_of_the_old_import(
     chosen = choose_version(checkpoint)
     assert chosen.directory == checkpoint and "earlier import" in (chosen.note or "")
     assert _run(capsys, "similar", str(checkpoint), "e1")[0] == 0
+
+
+def test_new_edges_train_only_edges_touching_new_entities(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _trained_then_extended(tmp_path, capsys)
+    entities = tmp_path / "out" / "entities"
+    names = {place: name for name, place in _ids(entities).items()}
+    steps: dict[int, list[tuple[str, str]]] = {}
+    prepare = TrainingLoop._prepare_edges
+
+    def recording(self: TrainingLoop, it: Iteration, bucket: tuple[int, int], pool: object):
+        held_out, edges = prepare(self, it, bucket, pool)  # type: ignore[arg-type]
+        pairs = zip(edges.lhs.tolist(), edges.rhs.tolist(), strict=True)
+        steps.setdefault(it.index, []).extend(
+            (names[(bucket[0], a)], names[(bucket[1], b)]) for a, b in pairs
+        )
+        return held_out, edges
+
+    monkeypatch.setattr(TrainingLoop, "_prepare_edges", recording)
+    new = sorted((lhs, rhs) for lhs, _, rhs in NEW if lhs[0] == "n" or rhs[0] == "n")
+    only_new = ["-p", "growth.edges=new", "-p", "growth.replay_fraction=0", "-p", "eval_fraction=0"]
+    assert _run(capsys, "train", str(config), *TRAIN, *only_new, "-p", "num_epochs=3")[0] == 0
+    assert sorted(steps) == [1, 2] and all(sorted(seen) == new for seen in steps.values())
+    # with a replay share: every new edge, and a new sample of the old ones each epoch
+    steps.clear()
+    replay = [
+        "-p",
+        "growth.edges=new",
+        "-p",
+        "growth.replay_fraction=0.25",
+        "-p",
+        "eval_fraction=0",
+    ]
+    assert _run(capsys, "train", str(config), *TRAIN, *replay, "-p", "num_epochs=5")[0] == 0
+    samples = []
+    for seen in steps.values():
+        assert set(new) <= set(seen)
+        old = [e for e in seen if e not in new]
+        assert 0.1 * len(OLD) < len(old) < 0.4 * len(OLD)
+        samples.append(sorted(old))
+    assert len(samples) == 2 and samples[0] != samples[1]
+
+
+def test_new_edges_with_frozen_old_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _trained_then_extended(tmp_path, capsys)
+    checkpoint = tmp_path / "out" / "model"
+    old = _tables(checkpoint, 1, 3)
+    update = ["-p", "growth.edges=new", "-p", "growth.freeze=old_entities", "-p", "num_epochs=3"]
+    assert _run(capsys, "train", str(config), *TRAIN, *update)[0] == 0
+    for (emb, state), (new_emb, new_state) in zip(old, _tables(checkpoint, 3, 3), strict=True):
+        n = len(emb)
+        assert np.array_equal(new_emb[:n], emb) and np.array_equal(new_state[:n], state)
+        assert new_state[n:].all()  # every new row trained
+
+
+def test_new_edges_refused_without_an_extension_and_replay_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, entities={"node": 2})
+    write_tsv(tmp_path / "old.tsv", OLD)
+    assert _run(capsys, "import", "--no-progress", str(config), str(tmp_path / "old.tsv"))[0] == 0
+    code, err = _run(capsys, "train", str(config), *TRAIN, "-p", "growth.edges=new")
+    assert code != 0 and "growth.edges: new, but" in err and "extends no import" in err
+    assert len(err.strip().splitlines()) == 1
+    code, err = _run(capsys, "train", str(config), *TRAIN, "-p", "growth.replay_fraction=1.5")
+    assert code != 0 and "growth.replay_fraction" in err

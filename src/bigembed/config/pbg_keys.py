@@ -75,6 +75,8 @@ BIGEMBED_ONLY_KEYS = (
     "growth",
     "growth.init",
     "growth.freeze",
+    "growth.edges",
+    "growth.replay_fraction",
     "edge_files",
     *(f"edge_files.{f}" for f in ("header", "delimiter", "lhs_col", "rel_col", "rhs_col")),
 )

@@ -19,6 +19,7 @@ from bigembed.config.types import (
     EvalProtocolName,
     Float,
     FreezeName,
+    GrowthEdgesName,
     GrowthInitName,
     Int,
     OperatorName,
@@ -228,6 +229,21 @@ class GrowthSchema(BaseModel):
         description="bigembed only: what training leaves unchanged: old_entities (the rows of "
         "the entities of the store this one extends: only the new rows train) and/or relations "
         "(relation operators and global embeddings).",
+    )
+    edges: GrowthEdgesName = Field(
+        default="all",
+        description="bigembed only: the training edges each epoch visits: all, or new (only "
+        "those with at least one end among the new entities of the store's last extension, "
+        "plus a replay_fraction sample of the others: an update costs a fraction of an epoch).",
+    )
+    replay_fraction: Float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="bigembed only: with edges: new, the share of the other edges (both ends "
+        "old) trained too each epoch, a new sample every epoch: there the old rows keep seeing "
+        "their own edges, and the new entities, among the negatives, learn not to outscore the "
+        "old entities' answers.",
     )
 
 

@@ -231,6 +231,8 @@ BucketOrder = Annotated[BucketOrderName, BeforeValidator(_lower)]
 LoadBalancingName = Literal["cost", "pbg"]
 GrowthInitName = Literal["random", "neighbors"]
 FreezeName = Literal["old_entities", "relations"]
+#: ``growth.edges``: which training edges an extended store's training visits.
+GrowthEdgesName = Literal["all", "new"]
 LoadBalancing = Annotated[LoadBalancingName, BeforeValidator(_lower)]
 #: ``distributed_mode``: ``partitioned`` (PBG: trainers train disjoint buckets under partition
 #: locks) or ``data_parallel`` (Bagua, DGL-KE: every trainer trains its share of the same

@@ -17,6 +17,10 @@ nothing else changes; the next committed version is the grown model, trained one
 one extends) the optimizer step must never change; ``relations`` freezes the model's dense
 parameters (relation operators, global embeddings). The batch kernel enforces both
 (:class:`bigembed.kernels.BatchTrainer`).
+
+``growth.edges: new`` makes an epoch cost a fraction of one: :func:`new_edges` gives the
+training loop a :class:`NewEdges` that cuts each bucket's training edges to those touching a new
+entity, plus a fresh ``growth.replay_fraction`` sample of the others.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from bigembed.checkpoints import CheckpointMetadata, CheckpointStore
 from bigembed.config import ConfigSchema
 from bigembed.errors import CheckpointError, ConfigError
-from bigembed.partition_keys import PartitionKey
+from bigembed.partition_keys import BucketSides, PartitionKey
 from bigembed.storage import EntityStore, Extension
 from bigembed.train.job import TrainingJob
 from bigembed.train.memory.partition_values import init_embeddings
@@ -163,16 +167,15 @@ def grow_checkpoint(job: TrainingJob, checkpoint: CheckpointStore, committed: in
     return growth
 
 
-def frozen_rows(cfg: ConfigSchema, entities: EntityStore) -> dict[PartitionKey, int]:
-    """Per partition, how many leading rows training must leave unchanged: with
-    ``growth.freeze: [old_entities]``, the entities of the import the store last extended."""
-    if "old_entities" not in cfg.growth.freeze:
-        return {}
+def _last_extension_rows(
+    cfg: ConfigSchema, entities: EntityStore, setting: str, fix: str
+) -> dict[PartitionKey, int]:
+    """Per partition, the rows of the entities of the import the store last extended; refused,
+    naming ``setting`` and its ``fix``, when the store extends nothing (every entity is old)."""
     if not entities.extends:
         raise ConfigError(
-            f"growth.freeze: old_entities, but {entities.path} extends no import (it was not "
-            "made by `bigembed import --extend`), so every entity is old and nothing would "
-            "train; remove old_entities from growth.freeze"
+            f"{setting}, but {entities.path} extends no import (it was not made by `bigembed "
+            f"import --extend`), so every entity is old; {fix}"
         )
     last = entities.extends[-1]
     return {
@@ -181,3 +184,67 @@ def frozen_rows(cfg: ConfigSchema, entities: EntityStore) -> dict[PartitionKey, 
         if etype in cfg.entities
         for part, rows in enumerate(counts)
     }
+
+
+def frozen_rows(cfg: ConfigSchema, entities: EntityStore) -> dict[PartitionKey, int]:
+    """Per partition, how many leading rows training must leave unchanged: with
+    ``growth.freeze: [old_entities]``, the entities of the import the store last extended."""
+    if "old_entities" not in cfg.growth.freeze:
+        return {}
+    return _last_extension_rows(
+        cfg,
+        entities,
+        "growth.freeze: old_entities",
+        "nothing would train: remove old_entities from growth.freeze",
+    )
+
+
+@dataclass(frozen=True)
+class NewEdges:
+    """``growth.edges: new``: a bucket's training edges cut to those touching a new entity (a
+    row at or past its partition's ``old_rows``, the entities of the import the store last
+    extended) plus a fresh ``replay`` share of the others every epoch. An update then costs a
+    fraction of an epoch; the replayed edges keep the old rows on their own edges and, with the
+    new entities among their negatives, keep the new rows from outscoring old answers."""
+
+    old_rows: dict[PartitionKey, int]
+    replay: float
+
+    def pick(
+        self,
+        sides: BucketSides,
+        lhs: torch.Tensor,
+        rhs: torch.Tensor,
+        rel: torch.Tensor,
+        seed: int,
+    ) -> torch.Tensor:
+        """Indices (ascending) of the edges to train among ``lhs``, ``rhs``, ``rel`` (one
+        bucket's, whose sides are ``sides``: per relation, or one entry for dynamic relations);
+        the replay sample is drawn from ``seed``."""
+        which = rel if len(sides) > 1 else torch.zeros_like(rel)
+        lhs_old = torch.tensor([self.old_rows.get(left, 0) for left, _ in sides])
+        rhs_old = torch.tensor([self.old_rows.get(right, 0) for _, right in sides])
+        keep = (lhs >= lhs_old[which]) | (rhs >= rhs_old[which])
+        if self.replay > 0:
+            draw = torch.rand(len(lhs), generator=torch.Generator().manual_seed(seed))
+            keep |= draw < self.replay
+        return torch.nonzero(keep).flatten()
+
+
+def new_edges(job: TrainingJob) -> NewEdges | None:
+    """The edge selection of ``growth.edges: new`` (None with ``all``: every edge trains)."""
+    cfg = job.cfg
+    if cfg.growth.edges == "all":
+        return None
+    entities = job.entities
+    rows = _last_extension_rows(
+        cfg, entities, "growth.edges: new", "only the replay would train: set growth.edges: all"
+    )
+    fresh = sum(entities.total(t) for t in {t for t, _ in rows}) - sum(rows.values())
+    logger.info(
+        "growth.edges: new: each epoch trains the edges touching the %d new entities and a "
+        "%g share of the others",
+        fresh,
+        cfg.growth.replay_fraction,
+    )
+    return NewEdges(rows, cfg.growth.replay_fraction)

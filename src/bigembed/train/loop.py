@@ -36,7 +36,7 @@ from bigembed.kernels import KernelChoice, StepStats, choose_kernel
 from bigembed.model import DtypeChoice, NegativeSettings, ScoringModel
 from bigembed.partition_keys import Bucket, PartitionKey
 from bigembed.train.evaluation import split_eval
-from bigembed.train.growth import FROZEN_REASON, frozen_rows
+from bigembed.train.growth import FROZEN_REASON, frozen_rows, new_edges
 from bigembed.train.hogwild.gate import BatchGate
 from bigembed.train.hogwild.pool import HogwildPool, WorkerSetup
 from bigembed.train.iteration import Iteration, iterations, mix_seed
@@ -153,6 +153,8 @@ class TrainingLoop:
         self.dtype: DtypeChoice | None = None  # the model's compute dtype, printed then
         #: the edge read-ahead thread (inline without ``partition_prefetch``)
         self._edge_io = PartitionIO(background=self.cfg.partition_prefetch)
+        #: ``growth.edges: new``: the edges each bucket trains (None: all of them)
+        self._new_edges = new_edges(job)
 
     def run(self, start: int) -> TrainResult:
         cfg = self.cfg
@@ -338,6 +340,14 @@ class TrainingLoop:
             generator=torch.Generator().manual_seed(mix_seed(cfg.seed, 3, it.index, i, j)),
         )
         train_idx = train_idx[shuffle]
+        if self._new_edges is not None:  # order kept: a subsequence of the shuffled edges
+            replay_seed = mix_seed(cfg.seed, 7, it.index, i, j)
+            sides = bucket_sides(cfg, bucket)
+            train_idx = train_idx[
+                self._new_edges.pick(
+                    sides, lhs[train_idx], rhs[train_idx], rel[train_idx], replay_seed
+                )
+            ]
         held_out = None
         if eval_idx.numel() > 0:
             ew = None if weight is None else weight[eval_idx]
