@@ -107,8 +107,8 @@ class RowSharer:
             zip(self.live, self.last, strict=True)
         ):
             idx = changed_rows(live, last, state, last_state, self.feedback[k].pending)
-            snap = (idx, live[idx], state[idx])
-            snaps.append(snap if full else self._choose(k, snap))
+            changed = (idx, live[idx], state[idx])
+            snaps.append(changed if full else self._choose(k, changed))
         pending = []
         local = None
         for server, ranges in self.ranges.items():
