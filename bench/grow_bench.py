@@ -5,10 +5,11 @@ them. The model of ``--config`` (default ``examples/fb15k237.yaml``) is trained 
 epochs on the rest (its old-entity MRR is printed: what freezing the old rows would keep); then
 the held-out entities come back: ``bigembed import --extend`` with the whole training graph and
 ``bigembed train`` for ``--update-epochs`` more epochs (``growth.init``, ``growth.freeze``,
-``growth.edges``, ``growth.replay_fraction`` as given). A full retrain imports the whole
-training graph and trains ``--epochs`` epochs from scratch. Both are ranked by the same filtered
-evaluation (``bigembed eval``: test edges against every entity, both sides, filtered by train +
-valid + test) on the test edges touching a new entity and on the others (both ends old).
+``growth.edges``, ``growth.replay_fraction``, ``growth.init_state`` as given). A full retrain
+imports the whole training graph and trains ``--epochs`` epochs from scratch. Both are ranked by
+the same filtered evaluation (``bigembed eval``: test edges against every entity, both sides,
+filtered by train + valid + test) on the test edges touching a new entity and on the others
+(both ends old).
 Printed: each MRR and the wall time of the update (extension import + growth training) against
 the retrain (import + training), also in CPU seconds (robust to the machine's other load); the
 base training is not counted in either. Several ``--update-epochs`` / ``--replay-fraction``
@@ -164,6 +165,9 @@ def main() -> int:
     )
     parser.add_argument("--held-out", type=float, default=0.10)
     parser.add_argument("--init", choices=("random", "neighbors"), default="neighbors")
+    parser.add_argument(
+        "--init-state", choices=("zero", "old_mean"), default="zero", help="growth.init_state"
+    )
     parser.add_argument("--freeze", default="", help="growth.freeze, comma-separated")
     parser.add_argument("--edges", choices=("all", "new"), default="new", help="growth.edges")
     parser.add_argument(
@@ -226,6 +230,7 @@ def main() -> int:
         for replay in args.replay_fraction:
             growth = {
                 "init": args.init,
+                "init_state": args.init_state,
                 "freeze": [f for f in args.freeze.split(",") if f],
                 "edges": args.edges,
                 "replay_fraction": replay,
@@ -233,6 +238,8 @@ def main() -> int:
             name = f"grow-{epochs}-{args.edges}-{replay:g}"
             if args.freeze:
                 name += "-frozen-" + args.freeze.replace(",", "-")
+            if args.init_state != "zero":
+                name += f"-state-{args.init_state}"
             grow = _config(work, name, base, {"num_epochs": args.epochs, "growth": growth})
             updates[name] = grow
             if "updates" not in steps:

@@ -312,3 +312,25 @@ def test_new_edges_refused_without_an_extension_and_replay_out_of_range(
     assert len(err.strip().splitlines()) == 1
     code, err = _run(capsys, "train", str(config), *TRAIN, "-p", "growth.replay_fraction=1.5")
     assert code != 0 and "growth.replay_fraction" in err
+
+
+def test_old_mean_state_starts_new_rows_at_the_old_rows_pace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``growth.init_state: old_mean``: every new row's Adagrad state is the mean state of its
+    partition's old rows; the old rows keep theirs bit for bit."""
+    config = _trained_then_extended(tmp_path, capsys)
+    checkpoint = tmp_path / "out" / "model"
+    old = _tables(checkpoint, 1, 3)
+    cfg = load_config(config)
+    cfg = cfg.model_copy(update={"growth": GrowthSchema(init_state="old_mean")})
+    store = CheckpointStore(checkpoint)
+    assert grow_checkpoint(TrainingJob(cfg), store, 1) is not None
+    grown_rows = 0
+    for (emb, state), (new_emb, new_state) in zip(old, _tables(checkpoint, 2, 3), strict=True):
+        n = len(emb)
+        assert np.array_equal(new_emb[:n], emb) and np.array_equal(new_state[:n], state)
+        assert state.mean() > 0  # trained one epoch: the old rows have a state
+        np.testing.assert_allclose(new_state[n:], np.float32(state.mean()), rtol=1e-6)
+        grown_rows += len(new_emb) - n
+    assert grown_rows == 10

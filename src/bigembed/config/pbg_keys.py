@@ -74,6 +74,7 @@ BIGEMBED_ONLY_KEYS = (
     "kernel",
     "growth",
     "growth.init",
+    "growth.init_state",
     "growth.freeze",
     "growth.edges",
     "growth.replay_fraction",

@@ -21,6 +21,7 @@ from bigembed.config.types import (
     FreezeName,
     GrowthEdgesName,
     GrowthInitName,
+    GrowthStateName,
     Int,
     OperatorName,
     PartitionPrecisionName,
@@ -223,6 +224,13 @@ class GrowthSchema(BaseModel):
         description="bigembed only: the first value of a new entity's row: random (as a fresh "
         "model's, init_scale) or neighbors (the mean of its trained neighbours' embeddings over "
         "the training edges; random when it has none).",
+    )
+    init_state: GrowthStateName = Field(
+        default="zero",
+        description="bigembed only: the first row-Adagrad state of a new entity's row: zero (a "
+        "fresh row's: its first steps are the largest) or old_mean (the mean state of the "
+        "partition's old rows: new rows step at the pace the trained ones do and do not jump "
+        "past the old entities' answers).",
     )
     freeze: list[FreezeName] = Field(
         default_factory=list,

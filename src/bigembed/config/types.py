@@ -233,6 +233,7 @@ GrowthInitName = Literal["random", "neighbors"]
 FreezeName = Literal["old_entities", "relations"]
 #: ``growth.edges``: which training edges an extended store's training visits.
 GrowthEdgesName = Literal["all", "new"]
+GrowthStateName = Literal["zero", "old_mean"]
 LoadBalancing = Annotated[LoadBalancingName, BeforeValidator(_lower)]
 #: ``distributed_mode``: ``partitioned`` (PBG: trainers train disjoint buckets under partition
 #: locks) or ``data_parallel`` (Bagua, DGL-KE: every trainer trains its share of the same

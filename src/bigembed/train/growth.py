@@ -9,7 +9,9 @@ and their row-Adagrad state bit for bit, the new rows initialised as ``growth.in
 (``random``: a fresh model's rows, ``init_scale`` seeded by (seed, type, partition), as
 ``bigembed remap`` gives new entities; ``neighbors``: the mean of the embeddings of their old
 neighbours over the training edges, ignoring relations and weights, random when they have
-none) with zero Adagrad state. The partition store then reads the working version first, so
+none), with a zero row-Adagrad state (``growth.init_state: zero``) or the mean state of the
+partition's old rows (``old_mean``: a zero state makes a new row's first steps the largest of
+any row's). The partition store then reads the working version first, so
 nothing else changes; the next committed version is the grown model, trained one more step.
 
 ``growth.freeze`` keeps parts of the model unchanged while training goes on:
@@ -154,6 +156,8 @@ def grow_checkpoint(job: TrainingJob, checkpoint: CheckpointStore, committed: in
         checkpoint.load_partition(
             etype, part, committed, emb[:old], state[:old], require_state=True
         )
+        if cfg.growth.init_state == "old_mean" and old > 0:
+            state[old:] = state[:old].mean()
         if (etype, part) in sums:
             total, number = sums[(etype, part)]
             seen = torch.nonzero(number > 0).flatten()
