@@ -22,15 +22,16 @@ demo: $(STAMP)
 
 # The test command CI runs (.ci/run): lint, format and type checks first, then the suite.
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes
-# they start (ranks, servers, deadlines), so two overlap well even on 2 cores.
+# they start (ranks, servers, deadlines), so two overlap well even on 2 cores. The files go in
+# tests/conftest.py's order (slow files first, quick unit files last to even out the workers' ends).
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The inner loop while changing code: the tests that start no process (not marked
 # `integration`: no CLI subprocess, ranks, servers, Hogwild workers or forkserver), no lint.
 test-unit: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not integration"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not integration"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

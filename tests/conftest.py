@@ -29,6 +29,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,30 @@ def _processes_only_in_integration_tests(
     call = getattr(request.node, "call_report", None)
     if started and not (call is not None and call.failed):  # the code under test caught it
         pytest.fail(f"started a process without the integration marker: {started}", pytrace=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test files with the most ``integration`` tests (the slow ones: processes) first, the
+    unit-only files last; a file's tests stay together, in their order.
+
+    Under the Makefile's ``--dist loadfile --no-loadscope-reorder`` the two workers take the
+    files in this order, so the quick unit files fill whichever worker ends its share of slow
+    files first (xdist's own order, the files with the fewest tests last, ended the run on
+    one-test distributed files while the other worker sat idle)."""
+    slow: Counter[str] = Counter()
+    size: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        size[path] += 1
+        slow[path] += item.get_closest_marker("integration") is not None
+        first.setdefault(path, index)
+
+    def order(item: pytest.Item) -> tuple[int, int, int]:
+        path = item.nodeid.split("::")[0]
+        return -slow[path], -size[path], first[path]
+
+    items.sort(key=order)  # stable: a file's tests keep their order
 
 
 @pytest.hookimpl(wrapper=True)

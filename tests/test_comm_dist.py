@@ -24,8 +24,10 @@ from support.graphs import graph_config, planted, save_config, write_buckets
 from support.launches import launch_ranks, write_items_graph
 
 NAMES = ["adagrad/a", "param/b", "param/c", "big"]
-NUMELS = [37, 2500, 11, 3_000_000]
+NUMELS = [37, 2500, 11, 400_000]
+SPLIT_BYTES = 2**20  # the ranks' param_server.SPLIT_BYTES: "big" is split over both servers
 ROUNDS = 30
+EXCHANGED = ["fp32", "int8", "bf16"]  # the precisions run over one group, in turn
 
 
 def _updates(rank: int, numels: list[int]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -44,11 +46,11 @@ def _updates(rank: int, numels: list[int]) -> list[list[tuple[torch.Tensor, torc
     ]
 
 
-def _rank(rank: int, world: int, store_path: str, out_dir: str, precision: str) -> None:
+def _exchange(rank: int, world: int, precision: str) -> dict[str, Any]:
+    """One precision's rounds over the group: this rank's server and sharer, ROUNDS rounds of
+    updates, then the last increments and everybody's pulled; returns what the checks read."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     errors: list[str] = []
     codec = get_codec(precision)
     plan = ShardPlan(NAMES, NUMELS, list(range(world)))
@@ -80,31 +82,32 @@ def _rank(rank: int, world: int, store_path: str, out_dir: str, precision: str) 
         if s != rank:
             dist.send(torch.tensor([2, 0]), dst=s, tag=11)
     server.join(30)
-    torch.save(
-        {
-            "tensors": tensors,
-            "errors": errors,
-            "sent": sharer.bytes_sent,
-            "received": sharer.bytes_received,
-            "server_sent": server.bytes_sent,
-            "server_received": server.bytes_received,
-        },
-        os.path.join(out_dir, f"{precision}{rank}.pt"),
-    )
+    dist.barrier()  # the next precision's server starts on a quiet group
+    return {
+        "tensors": tensors,
+        "errors": errors,
+        "sent": sharer.bytes_sent,
+        "received": sharer.bytes_received,
+        "server_sent": server.bytes_sent,
+        "server_received": server.bytes_received,
+    }
+
+
+def _rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    """Every precision in turn over one gloo group (one process start for all of them)."""
+    import torch.distributed as dist
+
+    from bigembed.communication import param_server
+
+    torch.set_num_threads(1)
+    # a tensor over SPLIT_BYTES is split between the servers; the default (10 MiB) would need a
+    # 3M-value tensor, whose rounds were most of this test's time
+    param_server.SPLIT_BYTES = SPLIT_BYTES
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    for precision in EXCHANGED:
+        result = _exchange(rank, world, precision)
+        torch.save(result, os.path.join(out_dir, f"{precision}{rank}.pt"))
     dist.destroy_process_group()
-
-
-def _run(tmp_path: Path, precision: str) -> list[dict[str, object]]:
-    import torch.multiprocessing as mp
-
-    mp.start_processes(
-        _rank,
-        args=(2, str(tmp_path / f"store_{precision}"), str(tmp_path), precision),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    return [torch.load(tmp_path / f"{precision}{r}.pt") for r in range(2)]
 
 
 def _expected() -> list[torch.Tensor]:
@@ -117,15 +120,26 @@ def _expected() -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def fp32_bytes(tmp_path_factory: pytest.TempPathFactory) -> int:
-    tmp = tmp_path_factory.mktemp("fp32")
-    results = _run(tmp, "fp32")
+def exchanges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Per precision, both ranks' results (one run of 2 spawned processes)."""
+    import torch.multiprocessing as mp
+
+    tmp = tmp_path_factory.mktemp("exchanges")
+    mp.start_processes(
+        _rank, args=(2, str(tmp / "store"), str(tmp)), nprocs=2, join=True, start_method="spawn"
+    )
+    return {p: [torch.load(tmp / f"{p}{r}.pt") for r in range(2)] for p in EXCHANGED}
+
+
+@pytest.fixture(scope="module")
+def fp32_bytes(exchanges: dict[str, list[dict[str, Any]]]) -> int:
+    results = exchanges["fp32"]
     want = _expected()
     for res in results:
         assert not res["errors"], res["errors"]
-        for got, w in zip(res["tensors"], want, strict=True):  # type: ignore[call-overload]
+        for got, w in zip(res["tensors"], want, strict=True):
             assert float((got.double() - w).abs().max()) < 1e-5
-    return sum(int(r["sent"]) + int(r["received"]) for r in results)  # type: ignore[call-overload]
+    return sum(int(r["sent"]) + int(r["received"]) for r in results)
 
 
 @pytest.mark.integration
@@ -133,25 +147,29 @@ def fp32_bytes(tmp_path_factory: pytest.TempPathFactory) -> int:
     ("precision", "tolerance", "ratio"), [("int8", 1e-4, 3.0), ("bf16", 1e-4, 1.9)]
 )
 def test_low_precision_exchange_agrees_and_moves_fewer_bytes(
-    tmp_path: Path, fp32_bytes: int, precision: str, tolerance: float, ratio: float
+    exchanges: dict[str, list[dict[str, Any]]],
+    fp32_bytes: int,
+    precision: str,
+    tolerance: float,
+    ratio: float,
 ) -> None:
     """Both trainers end within ``tolerance`` of the exact sums and move ``ratio`` x fewer bytes.
 
     A lost or double-counted update is >= 1e-3; the values span ~[-1, 1.3], so an exchange of
     values rather than changes would err by ~4e-3 (int8) -- the few rounds after the barrier
     send the residuals, which shrink 255x per round."""
-    results = _run(tmp_path, precision)
+    results = exchanges[precision]
     want = _expected()
     for r, res in enumerate(results):
         assert not res["errors"], res["errors"]
-        for k, (got, w) in enumerate(zip(res["tensors"], want, strict=True)):  # type: ignore[call-overload]
+        for k, (got, w) in enumerate(zip(res["tensors"], want, strict=True)):
             err = float((got.double() - w).abs().max())
             assert err <= tolerance, (precision, r, NAMES[k], err)
         # the client's counts and the server's counts of the same messages agree
         other = results[1 - r]
         assert res["sent"] == other["server_received"]
         assert res["received"] == other["server_sent"]
-    moved = sum(int(r["sent"]) + int(r["received"]) for r in results)  # type: ignore[call-overload]
+    moved = sum(int(r["sent"]) + int(r["received"]) for r in results)
     assert fp32_bytes / moved >= ratio, (fp32_bytes, moved)
 
 

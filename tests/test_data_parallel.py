@@ -175,16 +175,16 @@ _REPLICAS = re.compile(
 def _config(root: Path, parts: int, name: str, **overrides: Any) -> tuple[Path, Any]:
     if not (root / "edges").exists():
         write_graph(root, num_entities=300, num_edges=12000, num_partitions=parts, seed=3)
+    settings: dict[str, Any] = {"num_epochs": 3, **overrides}
     cfg = graph_config(
         root,
         num_partitions=parts,
-        num_epochs=3,
         dimension=16,
         eval_fraction=0.1,
         distributed_mode="data_parallel",
         distributed_timeout=4 * TIMEOUT,
         checkpoint_path=str(root / name),
-        **overrides,
+        **settings,
     )
     return save_config(root, cfg), cfg
 
@@ -245,19 +245,20 @@ def test_partitions_swap_through_each_replica_and_resume_takes_rank0s_values(
 ) -> None:
     """4 partitions, 2 held at a time (a buffer of 2 per side): every replica swaps through its
     own directory (rank 1's scratch is removed at the end; rank 0's is the checkpoint). Then
-    the run goes on for two more epochs from the committed checkpoint: rank 1 starts from rank
+    the run goes on for one more epoch from the committed checkpoint: rank 1 starts from rank
     0's values, so the replicas agree again without a repair."""
-    cfg_path, cfg = _config(tmp_path, 4, "model", bucket_order="buffer")
+    from bigembed.cli import main as cli_main
+
+    cfg_path, cfg = _config(tmp_path, 4, "model", bucket_order="buffer", num_epochs=2)
     out = _launch(cfg_path, "communication.strategy=allreduce")
     assert [int(x[-1]) for x in _REPLICAS.findall(out)] == [0, 0], out
     assert set(_buckets_by_trainer(cfg)) == {0, 1}
-    assert CheckpointStore(cfg.checkpoint_path).committed_version() == 3
-    out = _launch(cfg_path, "communication.strategy=allreduce", "num_epochs=5")
-    assert "resuming from checkpoint version 3" in out, out
+    assert CheckpointStore(cfg.checkpoint_path).committed_version() == 2
+    out = _launch(cfg_path, "communication.strategy=allreduce", "num_epochs=3")
+    assert "resuming from checkpoint version 2" in out, out
     assert [int(x[-1]) for x in _REPLICAS.findall(out)] == [0, 0], out
     store = CheckpointStore(cfg.checkpoint_path)
-    assert store.committed_version() == 5
+    assert store.committed_version() == 3
     scratch = re.findall(r"keeps its swapped partitions in (\S+)", out)
     assert scratch and not any(Path(s).exists() for s in scratch), out
-    ev = run(["eval", str(cfg_path), "--no-progress"], timeout=300)
-    assert ev.returncode == 0, ev.stdout + ev.stderr
+    assert cli_main(["eval", str(cfg_path), "--no-progress"]) == 0  # loads like any checkpoint

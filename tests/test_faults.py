@@ -200,12 +200,12 @@ def test_wrong_num_machines_is_named_on_every_rank(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- restarts
 def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> None:
     """A kill of rank 0 while it snapshots leaves ``.epoch_N.tmp/``: the 2-rank restart
-    cleans it up and resumes; then one machine (fewer ranks) resumes the same checkpoint."""
+    cleans it up and resumes; then one machine (fewer ranks) resumes the same checkpoint. (The
+    first 2 epochs, which only make the snapshot, train in this process.)"""
+    from bigembed.cli import main as cli_main
+
     cfg_path, cfg = make_graph(tmp_path, num_epochs=2, checkpoint_preservation_interval=1)
-    port = free_port()
-    procs = [start_rank(cfg_path, r, port) for r in (0, 1)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    assert cli_main(["train", str(cfg_path), "--no-progress"]) == 0
     ck = Path(cfg.checkpoint_path)
     assert (ck / "epoch_2").is_dir()
 
@@ -228,14 +228,8 @@ def test_interrupted_snapshot_then_restart_with_fewer_ranks(tmp_path: Path) -> N
     assert two.returncode == 0 and "Traceback" not in two.stdout, two.stdout + two.stderr
     assert not tmp.exists()
     tmp = interrupted_snapshot()
-    one = subprocess.run(  # fewer ranks: one machine takes over (num_machines=1)
-        [*CLI, "train", str(cfg_path), "--no-progress", "-p", "num_epochs=4"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-    )
-    assert one.returncode == 0 and "Traceback" not in one.stderr, one.stdout + one.stderr
+    # fewer ranks: one machine takes over (num_machines=1), in this process
+    assert cli_main(["train", str(cfg_path), "--no-progress", "-p", "num_epochs=4"]) == 0
     assert not tmp.exists()
     store = CheckpointStore(cfg.checkpoint_path)
     assert store.committed_version() == 4

@@ -2,8 +2,9 @@
 lock server's event log replayed, the rendezvous store reached from outside.
 
 Shared by the distributed tests (test_dist, test_dist_sharing, test_faults, test_security,
-test_strategies, test_load_balancing, ...): each rank is a subprocess with one torch thread and a
-short ``distributed_timeout`` (:data:`TIMEOUT`), so a hung run fails within seconds.
+test_strategies, test_load_balancing, test_launchers, ...): each rank is a subprocess with one
+torch thread and a short ``distributed_timeout`` (:data:`TIMEOUT`), so a hung run fails within
+seconds.
 """
 
 from __future__ import annotations
@@ -129,6 +130,18 @@ def start_rank(
         env=ENV if env is None else env,
         start_new_session=True,
     )
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """:data:`ENV` without any launcher's variables (torchrun's, SLURM's), plus ``extra``."""
+    launchers = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC")
+    env = {k: v for k, v in ENV.items() if not k.startswith(("SLURM_", *launchers))}
+    return {**env, **extra}
+
+
+def torchrun(*args: str) -> list[str]:
+    """``torchrun --nproc_per_node 2 ARGS`` (torch's launcher, 2 local processes)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *args]
 
 
 def bucket_records(cfg: Any) -> dict[int, list[tuple[int, int]]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,6 +161,33 @@ def drive(
     }
     s.stop()
     return result
+
+
+WRITES = threading.Lock()  # the test trainer's writes and the rounds' applies
+
+
+def serialize_writes() -> None:
+    """Make every write of a round to the live tensors take :data:`WRITES` (a spawned test
+    process calls it once; its trainer loop writes under the same lock).
+
+    The asynchronous strategies apply a round to the live tensors while the trainer writes them,
+    as Hogwild workers do: two read-modify-writes of one float at the same instant lose one of
+    the two changes. Training accepts that race by design, an exact test cannot; with the lock,
+    what is checked exactly is the protocol (a change made while a round is in flight, between
+    its snapshot and its apply, is kept and goes out with the next round)."""
+    from bigembed.communication import delta_reduce, sharer, sparse_reduce, sparse_sharer
+
+    def locked(apply: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: Any, **kw: Any) -> None:
+            with WRITES:
+                apply(*args, **kw)
+
+        return run
+
+    sharer.scatter_add = locked(sharer.scatter_add)
+    delta_reduce.scatter_add = locked(delta_reduce.scatter_add)
+    sparse_sharer.RowSharer._apply = locked(sparse_sharer.RowSharer._apply)  # type: ignore[method-assign]
+    sparse_reduce.RowReduce._apply = locked(sparse_reduce.RowReduce._apply)  # type: ignore[method-assign]
 
 
 def init(rank: int, world: int, store: str) -> Any:
