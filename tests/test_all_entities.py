@@ -196,8 +196,12 @@ def test_recipes_load() -> None:
         cfg = load_config(examples / f"{name}.yaml")
         one_vs_all = all(r.all_negs for r in model_spec(cfg, 3).relations)
         assert one_vs_all == (cfg.train_type in ("1vsall", "kvsall")), name
-    # the lexical recipe needs every entity (the query entity included) as a negative
-    assert load_config(examples / "wordnet_like.yaml").train_type == "kvsall"
+    # the lexical recipe needs the query entity as a negative: sampled, with self_negative on
+    from bigembed.buckets import negative_settings
+
+    wordnet = load_config(examples / "wordnet_like.yaml")
+    model = ScoringModel(model_spec(wordnet, 11))
+    assert all(model.self_negative(negative_settings(wordnet), r) for r in range(11))
 
 
 @pytest.mark.parametrize("side", ["lhs", "rhs"])

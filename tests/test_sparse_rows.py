@@ -16,12 +16,9 @@ bucket), and check:
   received over the trainers (every counted byte went over the wire);
 * no thread of a stopped strategy is left alive, and the next instance works.
 
-The asynchronous strategies apply a round to the live tensors while the trainer writes them,
-as Hogwild workers do. Two read-modify-writes of one float at the same instant lose one of
-the two changes; training accepts that race by design, and an exact test cannot: the test's
-trainer and every function that writes a live tensor hold one lock (:func:`_serialize_writes`),
-so what is checked exactly is the protocol (a change made while a round is in flight, between
-its snapshot and its apply, is kept and goes out with the next round).
+The trainer's writes and the rounds' applies hold one lock
+(``support.strategy_runs.serialize_writes``, which says why): what is checked exactly is the
+protocol, not the element-level race that Hogwild training accepts.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ from bigembed.communication.sparse_rows import (
 from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
 from bigembed.config import PRECISION_NAMES, STRATEGY_NAMES
 from support.row_wire import RowWire, in_threads
+from support.strategy_runs import WRITES, serialize_writes
 
 ROWS, DIM = 8000, 16
 NAMES = ["param/a", "adagrad/a", "emb/item", "emb_state/item"]
@@ -278,7 +276,7 @@ def _drive(
         for b in range(BATCHES):
             if s.gate is not None:
                 s.gate.wait_turn()
-            with _WRITES:
+            with WRITES:
                 for t, (idx, val) in zip(tensors, steps[bucket * BATCHES + b], strict=True):
                     t.index_add_(0, idx, val)
             if rank == world - 1:
@@ -298,26 +296,6 @@ def _drive(
         rounds=s.rounds, sent=s.bytes_sent, received=s.bytes_received, wire=s.wire_bytes()
     )
     return result
-
-
-_WRITES = threading.Lock()  # the trainer's writes and the rounds' applies (see the docstring)
-
-
-def _serialize_writes() -> None:
-    """Make every write of a round to the live tensors take :data:`_WRITES`."""
-    from bigembed.communication import delta_reduce, sharer, sparse_reduce, sparse_sharer
-
-    def locked(apply: Callable[..., None]) -> Callable[..., None]:
-        def run(*args: Any, **kw: Any) -> None:
-            with _WRITES:
-                apply(*args, **kw)
-
-        return run
-
-    sharer.scatter_add = locked(sharer.scatter_add)
-    delta_reduce.scatter_add = locked(delta_reduce.scatter_add)
-    sparse_sharer.RowSharer._apply = locked(sparse_sharer.RowSharer._apply)  # type: ignore[method-assign]
-    sparse_reduce.RowReduce._apply = locked(sparse_reduce.RowReduce._apply)  # type: ignore[method-assign]
 
 
 _ON_WIRE = [0]  # bytes this process sent point to point, but the lockstep headers (see _rank)
@@ -357,7 +335,7 @@ def _rank(rank: int, world: int, store: str, out: str, precision: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     side = dist.new_group(backend="gloo")
     _count_sends()
-    _serialize_writes()
+    serialize_writes()
     gate = BatchGate(1)  # the run's gate, shared by consecutive synchronous instances
     for strategy in SPARSE_STRATEGIES:
         for kind in KINDS:
