@@ -30,6 +30,12 @@ an even split of the bucket's batches. A few target lines follow the table.
     python bench/dp_bench.py --smoke               # tiny graphs, 1 epoch: does it all run
     python bench/dp_bench.py --quick --list        # the rows a choice of flags runs
     python bench/dp_bench.py --table-from a.json b.json   # one table of saved rows
+    sudo python bench/dp_bench.py --graphs fb15k237 --repeats 3   # medians of 3 runs per row
+
+A virtual machine's speed drifts by tens of percent over minutes (the one-machine row of
+FB15k-237 measured 4.36 s and 3.10 s per epoch a few minutes apart on an idle machine), which
+moves every speed-up: ``--repeats N`` runs the whole list of rows N times, interleaved, and
+reports each row's medians with its epoch times' range.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from typing import Any
 
 import dp_graphs
 import torch
-from dp_table import INDEPENDENT, Row, markdown, target_lines
+from dp_table import INDEPENDENT, Row, combine, markdown, target_lines
 from peaks import mm_peak, peaks_line
 from rank_runs import CLI, ROOT, bench_env, machine_name, pinned, run_ranks
 
@@ -286,6 +292,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--skew-linear-share", type=float, default=0.2)
     add("--skew-dimension", type=int, default=512)
     add("-p", "--param", action="append", default=[], help="KEY=VALUE for every run")
+    add(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the whole list of rows N times, interleaved; each row is the median",
+    )
     add("--row-timeout", type=float, default=1800, help="seconds a row's training may take")
     add("--link", default="1gbit", help="tc rate of every link, or unshaped")
     add("--delay", default="1ms", help="netem delay each way (if netem exists)")
@@ -343,25 +355,34 @@ def main() -> int:
         return 0
     graphs = prepare(args)
     peak32, peak16 = mm_peak(torch.float32), mm_peak(torch.bfloat16)
-    rows: list[Row] = []
+    todo = plans(args, graphs)
+    runs: list[list[Row]] = [[] for _ in todo]
     failed: list[str] = []
-    for plan in plans(args, graphs):
-        try:
-            rows.append(run_one(plan, args, use_netns))
-        except (RuntimeError, subprocess.SubprocessError) as exc:  # the other rows still run
-            what = f"{plan.graph.name} p{plan.graph.partitions} {plan.mode} {plan.params()}"
-            failed.append(what)
-            print(f"FAILED: {what}: {exc}", flush=True)
-            continue
-        print(json.dumps(asdict(rows[-1])), flush=True)
-        if args.json:  # saved as it goes: a long matrix stopped midway keeps its rows
-            Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    for repeat in range(args.repeats):  # the rows interleaved: each repeat runs every row
+        for plan, done in zip(todo, runs, strict=True):
+            try:
+                done.append(run_one(plan, args, use_netns))
+            except (RuntimeError, subprocess.SubprocessError) as exc:  # the others still run
+                what = f"{plan.graph.name} p{plan.graph.partitions} {plan.mode} {plan.params()}"
+                failed.append(f"{what} (run {repeat + 1})")
+                print(f"FAILED: {what}: {exc}", flush=True)
+                continue
+            print(json.dumps(asdict(done[-1])), flush=True)
+            if args.json:  # saved as it goes: a long matrix stopped midway keeps its rows
+                rows = [combine(d) for d in runs if d]
+                Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    rows = [combine(d) for d in runs if d]
     shaping = "loopback (bytes: bigembed's count)"
     if use_netns:
         link = None if args.link == "unshaped" else args.link
         with netns.machines(1, link, args.delay) as m:
             shaping = f"network namespaces on a bridge, each link: {m[0].shaping}"
     epochs = f"{args.epochs} epochs (epoch s: epochs 2+)" if args.epochs > 1 else "1 epoch"
+    if args.repeats > 1:
+        epochs += (
+            f"; every row run {args.repeats} times, the rows interleaved: medians, the epoch "
+            "times' range in brackets"
+        )
     cores = os.cpu_count() or 1
     pinning = "each rank pinned to its own core"
     if max(int(r) for r in args.ranks.split(",")) > cores:

@@ -6,7 +6,8 @@ Pure functions of the rows (no training), so the table of saved rows can be prin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field, replace
 
 #: Issue 25's targets.
 SPEEDUP_TARGET = 1.7  # 2 ranks over one, on a 1-partition graph
@@ -33,6 +34,31 @@ class Row:
     mb_per_epoch: float | None  # None on one machine
     bytes_source: str
     gate_wait_s: float | None  # per epoch, summed over trainers; None when not recorded
+    #: every run's epoch seconds when the row is the median of several (``--repeats``)
+    epoch_s_runs: list[float] = field(default_factory=list)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def combine(runs: list[Row]) -> Row:
+    """One row of several runs of the same plan: the median of each measure (epoch time, MRR,
+    bytes, gate wait), every run's epoch time kept. A VM's speed drifts by tens of percent
+    over minutes; the runs of different rows are interleaved (``dp_bench.py --repeats``), so
+    each row's median is taken over the same stretch of time."""
+    if len(runs) == 1:
+        return runs[0]
+    return replace(
+        runs[0],
+        epoch_s=statistics.median(r.epoch_s for r in runs),
+        wall_s=sum(r.wall_s for r in runs),
+        mrr=statistics.median(r.mrr for r in runs),
+        mb_per_epoch=_median([r.mb_per_epoch for r in runs]),
+        gate_wait_s=_median([r.gate_wait_s for r in runs]),
+        epoch_s_runs=[r.epoch_s for r in runs],
+    )
 
 
 HEAD = (
@@ -76,6 +102,13 @@ def speedup(rows: list[Row], row: Row) -> float | None:
     return per_run * row.ranks if row.mode == INDEPENDENT else per_run
 
 
+def _epoch_cell(row: Row) -> str:
+    """The epoch seconds, with the runs' range when the row is a median of several."""
+    if len(row.epoch_s_runs) < 2:
+        return f"{row.epoch_s:.2f}"
+    return f"{row.epoch_s:.2f} ({min(row.epoch_s_runs):.2f}-{max(row.epoch_s_runs):.2f})"
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -95,7 +128,7 @@ def markdown(caption: str, rows: list[Row]) -> str:
             r.precision,
             r.sparse,
             r.edge_split,
-            f"{r.epoch_s:.2f}",
+            _epoch_cell(r),
             _num(speedup(rows, r), ".2f") + ("x" if speedup(rows, r) is not None else ""),
             f"{r.mrr:.4f}",
             _num(dmrr, "+.4f"),

@@ -181,3 +181,24 @@ def test_the_ceiling_row_counts_every_independent_training() -> None:
     assert dp_table.INDEPENDENT not in [
         p.mode for p in dp_bench.plans(args, dp_bench.stand_ins(args))
     ]
+
+
+def test_repeated_rows_are_medians_with_their_range() -> None:
+    """``--repeats``: a row of several runs is the median of each measure, and the table shows
+    the epoch times' range; the speed-up is of the medians."""
+    ones = [_row(epoch_s=s) for s in (10.0, 14.0, 9.0)]
+    dps = [
+        _dp(epoch_s=5.0, mrr=0.29, gate_wait_s=0.5, mb_per_epoch=10.0),
+        _dp(epoch_s=7.0, mrr=0.31, gate_wait_s=None, mb_per_epoch=12.0),
+        _dp(epoch_s=6.0, mrr=0.30, gate_wait_s=0.3, mb_per_epoch=11.0),
+    ]
+    one, dp = dp_table.combine(ones), dp_table.combine(dps)
+    assert one.epoch_s == 10.0 and one.epoch_s_runs == [10.0, 14.0, 9.0]
+    assert (dp.epoch_s, dp.mrr, dp.mb_per_epoch) == (6.0, 0.30, 11.0)
+    assert dp.gate_wait_s == 0.4  # the median of the runs that recorded one
+    assert dp_table.combine(ones[:1]) == ones[0]  # one run: the row itself
+    lines = dp_table.markdown("caption", [one, dp]).splitlines()
+    cells = [c.strip() for c in lines[5].strip("|").split("|")]
+    col = {name: k for k, name in enumerate(dp_table.HEAD)}
+    assert cells[col["epoch s"]] == "6.00 (5.00-7.00)"
+    assert cells[col["speed-up vs 1 rank"]] == "1.67x"

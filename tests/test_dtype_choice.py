@@ -345,3 +345,18 @@ def test_a_distributed_step_records_the_trainers_dtypes() -> None:
         "mixed",
         "trainer 0: float32; trainer 1: reason bfloat16",
     )
+
+
+def test_eval_computes_in_the_given_configs_dtype(tmp_path: Path) -> None:
+    """``compute_dtype`` is how to compute, not part of what was learnt: ``bigembed eval -p
+    compute_dtype=...`` ranks in that dtype whatever the checkpoint trained in."""
+    from bigembed.eval.evaluation import prepare_evaluation
+
+    write_graph(tmp_path, num_edges=300)
+    cfg = graph_config(tmp_path, num_epochs=1, compute_dtype="float32")
+    train(cfg, progress=False)
+    same = prepare_evaluation(cfg)
+    assert same.trained.model.compute_dtype == torch.float32
+    other = prepare_evaluation(cfg.model_copy(update={"compute_dtype": "bfloat16"}))
+    assert other.trained.model.compute_dtype == torch.bfloat16
+    assert prepare_evaluation(cfg.checkpoint_path).trained.model.compute_dtype == torch.float32

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from bigembed.communication import lockstep
 from bigembed.communication.lockstep import GatePace, LockstepRounds
 from bigembed.train.hogwild.gate import BatchGate
 from support.strategy_runs import drive, expected, init, load, save, spawn
@@ -29,15 +30,28 @@ SYNC_EVERY, BUCKETS, BATCHES = 4, 2, 12
 STRATEGIES = ("allreduce", "decentralized")
 
 
-def _round_thread(overlap: bool) -> tuple[int, int]:
+def _round_thread(overlap: bool, monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, int]:
     """(batches passed while a data round was in flight, the largest lag behind the last
-    completed round) of one worker next to a round thread whose rounds take 30 ms."""
+    completed round) of one worker next to a round thread whose rounds take 30 ms. With
+    ``monkeypatch``, the rounds' header exchange also takes 30 ms (a slower peer) and "in
+    flight" is that wait only."""
     gate = BatchGate(1)
     in_flight = threading.Event()
+    if monkeypatch is not None:
+        exchange = lockstep.flags_exchange
+
+        def slow_peer(*args: Any) -> torch.Tensor:
+            in_flight.set()
+            time.sleep(0.03)
+            in_flight.clear()
+            return exchange(*args)
+
+        monkeypatch.setattr(lockstep, "flags_exchange", slow_peer)
 
     def on_data() -> None:
         rounds.snapshot_taken()
-        in_flight.set()
+        if monkeypatch is None:
+            in_flight.set()
         time.sleep(0.03)
         in_flight.clear()
 
@@ -74,6 +88,19 @@ def test_overlap_lets_the_workers_train_during_a_round() -> None:
     assert during >= SYNC_EVERY, during  # trained while the rounds communicated
     assert SYNC_EVERY < lag <= 2 * SYNC_EVERY, lag
     during, lag = _round_thread(overlap=False)
+    assert during == 0, during
+    assert lag <= SYNC_EVERY, lag
+
+
+def test_overlap_lets_the_workers_train_while_a_round_waits_for_a_slower_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A trainer that reached its budget first does not wait at the gate for the others to
+    reach theirs (the round's header exchange): its workers go on, one round of staleness."""
+    during, lag = _round_thread(overlap=True, monkeypatch=monkeypatch)
+    assert during >= SYNC_EVERY, during
+    assert SYNC_EVERY < lag <= 2 * SYNC_EVERY, lag
+    during, lag = _round_thread(overlap=False, monkeypatch=monkeypatch)
     assert during == 0, during
     assert lag <= SYNC_EVERY, lag
 

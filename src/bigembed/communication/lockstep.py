@@ -23,13 +23,16 @@ budget after a round is the batch count at its start plus ``sync_every``: the wo
 run more than ``sync_every`` batches (plus one per worker, see the gate) past the values the
 last completed round merged.
 
-**Overlap** (``communication.overlap``): the strategy calls :meth:`LockstepRounds.snapshot_taken`
-once a data round has read the values it sends, and the gate opens for the next budget right
-then, so the round's communication runs while the workers train the next ``sync_every``
-batches; their changes stay in the live tensors and go out with the next round. One round of
-staleness: the next round cannot start before this one completed, so the workers never run
+**Overlap** (``communication.overlap``): a round that starts because this trainer's workers used
+their budget opens the gate for the next budget at once, before the header exchange, so the
+workers train the next ``sync_every`` batches while the round waits for slower trainers and
+while it communicates; their changes stay in the live tensors (a round's snapshot may include
+some of them, the rest go out with the next round). Any other round opens it when the strategy
+calls :meth:`LockstepRounds.snapshot_taken` (once it has read the values it sends). One round
+of staleness: the next round cannot start before this one completed, so the workers never run
 more than ``2 x sync_every`` batches (plus one per worker) past the values the last completed
-round merged.
+round merged. Without overlap a trainer ahead of the others waits at the gate until the
+slowest has caught up and the round has merged.
 """
 
 from __future__ import annotations
@@ -204,12 +207,21 @@ class LockstepRounds:
                         self._cond.wait(self._pause(last_start))
                     self._started += 1
                     flush = self._flush_goal >= self._started
+                    # due because the workers used their budget: with overlap they go on while
+                    # the round waits for the others (see the module docstring)
+                    early = (
+                        self.overlap
+                        and self._training
+                        and not (flush or self._agree_asked or self._stop_asked)
+                    )
                     header = torch.tensor(
                         [0, int(flush), int(self._agree_asked), int(self._stop_asked)],
                         dtype=torch.int64,
                     )
                 last_start = time.monotonic()
                 batches = self._round_batches = self.gate.batches()
+                if early:
+                    self.gate.allow(batches + self.sync_every)
                 header[_FLAG_BATCHES] = batches - self._counted
                 self._counted = batches
                 total = flags_exchange(header, self.peers, self.group)

@@ -26,6 +26,7 @@ from bigembed.config import ConfigSchema
 from bigembed.errors import InputError
 from bigembed.eval.edge_input import EdgeLoader, FileOptions, LoadedEdges
 from bigembed.eval.report import EvalReport, build_report
+from bigembed.model import choose_compute_dtype
 from bigembed.ranking import EvalEdges, KnownEdges, RankingResult, rank_edges
 
 logger = logging.getLogger(__name__)
@@ -219,6 +220,10 @@ def prepare_evaluation(
         cfg = cfg_or_dir
         trained = load_trained(cfg.checkpoint_path)
         _warn_if_model_differs(cfg, trained)
+        # how to compute, not what was learnt: the given config's choice (`-p compute_dtype=`)
+        if cfg.compute_dtype != trained.config.compute_dtype:
+            trained.model.use_dtype(choose_compute_dtype(cfg.compute_dtype))
+            logger.info(trained.model.dtype_choice.line())
         if entity_path is None:
             entity_path = cfg.entity_path
     else:
