@@ -62,11 +62,13 @@ from support import netns
 
 PORT = 29670
 SYNCHRONOUS = ("allreduce", "decentralized")
+STEAL = "steal"  # the edge split column's mark of communication.replica_stealing
 #: What the skewed graph's rows compare (the table's caption says it).
 EDGE_SPLITS = (
     "even = equal contiguous slices of the bucket's batch plan (the batches in the plan's random "
     "order, one relation per batch on the skewed graph), load_balancing = Bagua's sampler over "
-    "the batches' costs (the cost model's)"
+    "the batches' costs (the cost model's); +steal: communication.replica_stealing, a "
+    "replica that is done takes the others' unstarted batches"
 )
 
 
@@ -89,7 +91,9 @@ class Plan:
         out.append(f"communication.precision={self.precision}")
         if self.mode == "data_parallel":
             out.append(f"communication.sparse_rows={str(self.sparse == 'rows').lower()}")
-            out.append(f"communication.edge_split={self.edge_split}")
+            split, _, steal = self.edge_split.partition("+")
+            out.append(f"communication.edge_split={split}")
+            out.append(f"communication.replica_stealing={str(steal == STEAL).lower()}")
         return out
 
 
@@ -191,6 +195,7 @@ def plans(args: argparse.Namespace, graphs: list[dp_graphs.Graph]) -> list[Plan]
     strategy with each edge split)."""
     strategies, precisions = args.strategies.split(","), args.precisions.split(",")
     sparse = ["rows" if s == "true" else "dense" for s in args.sparse.split(",")]
+    stealing = ["+" + STEAL if s == "true" else "" for s in args.stealing.split(",")]
     out = []
     for g in graphs:
         out.append(Plan(g, "one machine", 1))
@@ -199,19 +204,21 @@ def plans(args: argparse.Namespace, graphs: list[dp_graphs.Graph]) -> list[Plan]
                 out.append(Plan(g, INDEPENDENT, n))
             if g.name == "skewed":
                 out += [
-                    Plan(g, "data_parallel", n, s, args.skew_precision, "rows", split)
+                    Plan(g, "data_parallel", n, s, args.skew_precision, "rows", split + steal)
                     for s in args.skew_strategies.split(",")
                     for split in args.edge_splits.split(",")
+                    for steal in stealing
                 ]
                 continue
             if "partitioned" in args.modes:
                 out.append(Plan(g, "partitioned", n, args.partitioned_strategy, "fp32"))
             if "data_parallel" in args.modes:
                 out += [
-                    Plan(g, "data_parallel", n, s, p, sp, "load_balancing")
+                    Plan(g, "data_parallel", n, s, p, sp, "load_balancing" + steal)
                     for s in strategies
                     for p in precisions
                     for sp in sparse
+                    for steal in stealing
                 ]
     return out
 
@@ -271,6 +278,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--strategies", default=",".join(STRATEGY_NAMES), help="data-parallel rows")
     add("--precisions", default="fp32,fp16,bf16,int8", help="data-parallel rows")
     add("--sparse", default="false,true", help="communication.sparse_rows values")
+    add(
+        "--stealing",
+        default="false",
+        help="communication.replica_stealing values of the data-parallel rows (the edge "
+        "split column says +steal)",
+    )
     add(
         "--no-ceiling",
         dest="ceiling",

@@ -34,7 +34,10 @@ from support.ranks import TIMEOUT, run
 class _Pool:
     """Stands in for HogwildPool.prepare_planned: records what a replica would train."""
 
-    def prepare_planned(self, edges: Any, order: torch.Tensor, plan: np.ndarray, seed: int) -> Any:
+    def prepare_planned(
+        self, edges: Any, order: torch.Tensor, plan: np.ndarray, seed: int, claims: Any = None
+    ) -> Any:
+        assert claims is None  # no store: the fixed split
         return order, plan
 
 
@@ -220,8 +223,14 @@ def test_one_partition_trains_on_both_replicas(
     tmp_path: Path, strategy: str, precision: str
 ) -> None:
     cfg_path, cfg = _config(tmp_path, 1, f"{strategy}-{precision}")
+    # allreduce with the fixed split (the sampler's shares), the others taking each other's
+    # batches (replica_stealing, the default): the counts follow the ranks' speeds
+    stealing = strategy != "allreduce"
     out = _launch(
-        cfg_path, f"communication.strategy={strategy}", f"communication.precision={precision}"
+        cfg_path,
+        f"communication.strategy={strategy}",
+        f"communication.precision={precision}",
+        f"communication.replica_stealing={str(stealing).lower()}",
     )
     lines = _REPLICAS.findall(out)
     assert len(lines) == 2, out  # one summary per replica
@@ -231,7 +240,8 @@ def test_one_partition_trains_on_both_replicas(
             assert int(repairs) == 0, out
     share = _buckets_by_trainer(cfg)
     assert set(share) == {0, 1}, share  # both trained, each about half of every epoch
-    assert abs(share[0] - share[1]) <= 0.1 * (share[0] + share[1]), share
+    spread = abs(share[0] - share[1]) / (share[0] + share[1])
+    assert spread <= (0.5 if stealing else 0.1), share
     store = CheckpointStore(cfg.checkpoint_path)
     assert store.committed_version() == 3
     steps = [r for r in store.read_stats() if r["type"] == "step"]

@@ -49,6 +49,7 @@ BIGEMBED_ONLY_KEYS = (
     "communication.overlap",
     "communication.hierarchical",
     "communication.edge_split",
+    "communication.replica_stealing",
     "communication.random_level",
     "distributed_mode",
     "early_stopping",

@@ -165,6 +165,13 @@ class CommunicationSchema(BaseModel):
         "per-edge cost of the cost model, so every trainer gets about the same cost) or even "
         "(equal slices of the shuffled edges).",
     )
+    replica_stealing: Bool = Field(
+        default=True,
+        description="bigembed only: distributed_mode data_parallel with one worker per "
+        "trainer: a trainer that has trained its share of a bucket takes the unstarted batches "
+        "of the trainer with the most left (a counter per share in the run's store), so a slow "
+        "core or machine does not hold the others at the end of every bucket.",
+    )
     random_level: float = Field(
         default=0.0,
         ge=0.0,

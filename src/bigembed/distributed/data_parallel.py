@@ -191,7 +191,12 @@ class DataParallelTrainer:
             # the stop last: a step's summary line comes before the verdict after it
             observers=[sync, *self.local.observers, *([self.stop] if self.stop else [])],
             gate=sync.gate,
-            share=ReplicaShare(job, ctx.layout.trainers.index(self.rank), ctx.layout.num_trainers),
+            share=ReplicaShare(
+                job,
+                ctx.layout.trainers.index(self.rank),
+                ctx.layout.num_trainers,
+                store=ctx.store,  # where the replicas take each other's batches (stealing)
+            ),
         )
         return loop.run(committed)
 

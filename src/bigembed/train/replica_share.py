@@ -21,6 +21,12 @@ replica gets as many; a bucket's batch is trained once here, so the sampler cuts
 (``drop_last``) and the fewer than ``replicas`` batches left over go at the end, one to each of
 the first replicas (the replicas' batch counts differ by at most one; a replica that is done
 joins the remaining rounds idle).
+
+The split is of expected cost; replicas do not run at the same speed. With
+``communication.replica_stealing`` (one worker per trainer) a replica that is done takes the
+unstarted batches of the others (:mod:`bigembed.train.replica_claims`): each replica then
+prepares every share of the bucket and trains the batches its claims hand out, its own share
+first and in the sampler's order.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from bigembed.train.iteration import Iteration, mix_seed
 from bigembed.train.job import TrainingJob
 from bigembed.train.memory.cost import analytic_per_edge, signature_of
 from bigembed.train.memory.edge_buffers import PreparedEdges
+from bigembed.train.replica_claims import CounterStore, ReplicaClaims
 
 Edges = tuple[Tensor, Tensor, Tensor, Tensor | None]
 
@@ -48,13 +55,24 @@ _RHS_SIDE = 2
 class ReplicaShare:
     """Replica ``replica`` of ``replicas``: its batches of every bucket (module docstring)."""
 
-    def __init__(self, job: TrainingJob, replica: int, replicas: int) -> None:
+    def __init__(
+        self,
+        job: TrainingJob,
+        replica: int,
+        replicas: int,
+        store: CounterStore | None = None,
+    ) -> None:
+        """``store``: the run's store, where the replicas take each other's batches
+        (``communication.replica_stealing``, one worker per trainer); None: a fixed split."""
         if not 0 <= replica < replicas:
             raise ValueError(f"replica {replica} of {replicas}")
         self.job = job
         self.cfg = job.cfg
         self.replica = replica
         self.replicas = replicas
+        stealing = self.cfg.communication.replica_stealing and self.cfg.resolved_workers() == 1
+        self.store = store if stealing and replicas > 1 else None
+        self._claims: list[ReplicaClaims] = []  # the last buckets' (released two buckets on)
         self.counts = job.partition_counts()
         #: batches this replica kept, and batches planned over whole buckets, so far
         self.batches_kept = 0
@@ -136,13 +154,21 @@ class ReplicaShare:
         )
         order = torch.arange(edges[0].shape[0]) if planned_order is None else planned_order
         costs = self.batch_costs(bucket, edges, order, plan)
-        mine = self.assignment(it, bucket, costs)[self.replica].numpy()
+        shares = self.assignment(it, bucket, costs)
+        mine = shares[self.replica].numpy()
         self.batches_planned += int(plan.shape[0])
         self.batches_kept += int(mine.shape[0])
+        claims = None
+        if self.store is not None:  # every share, this replica's first when it iterates
+            mine = torch.cat(shares).numpy()
+            prefix = f"claims/v{it.version}/b{bucket[0]}-{bucket[1]}"
+            claims = ReplicaClaims(self.store, prefix, [len(t) for t in shares], self.replica)
+            # a bucket's counters can go once the next bucket has started on every replica
+            claims.release_first, self._claims = self._claims[:-1], [*self._claims[-1:], claims]
         rows = plan[mine].reshape(-1, 4)
         sizes = rows[:, 1] - rows[:, 0]
         begins = (np.cumsum(sizes) - sizes).astype(np.int64)
         pieces = [order[b:e] for b, e in zip(rows[:, 0].tolist(), rows[:, 1].tolist(), strict=True)]
         my_order = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
         my_plan = np.stack([begins, begins + sizes, rows[:, 2], rows[:, 3]], 1).astype(np.int64)
-        return pool.prepare_planned(edges, my_order, my_plan.reshape(-1, 4), seed)
+        return pool.prepare_planned(edges, my_order, my_plan.reshape(-1, 4), seed, claims=claims)

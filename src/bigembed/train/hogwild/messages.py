@@ -10,6 +10,7 @@ progress through a shared board whose columns are named here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,9 @@ class BucketTask:
     # order, so batch k is rows plan[k, 0]:plan[k, 1]; start/end are then unused. A small
     # array sent by value (one more shared-memory tensor per task costs more than it).
     plan: np.ndarray | None = None
+    # One worker only: the plan rows to train, in this order (replicas taking each other's
+    # batches), instead of every row in plan order.
+    claims: Iterable[int] | None = None
 
 
 @dataclass

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -150,17 +150,21 @@ class HogwildPool:
         order: Tensor,
         plan: np.ndarray,
         seed: int,
+        claims: Iterable[int] | None = None,
     ) -> PreparedEdges:
         """Edges whose batches were planned by the caller (data-parallel training: a replica's
         share of a bucket's batches, in the sampler's order): batch ``k`` is the edges
         ``order[plan[k, 0]:plan[k, 1]]``. The batches are trained in plan order, taken from the
-        shared queue with several workers (the pool must steal: ``steal=True``)."""
+        shared queue with several workers (the pool must steal: ``steal=True``); with one
+        worker, ``claims`` may give the rows to train instead, as they come."""
         if self.workers > 1 and self._batches is None:
             raise ValueError("a planned bucket needs a work-stealing pool (steal=True)")
+        if claims is not None and self.workers > 1:
+            raise ValueError("claimed batches need a single worker")
         if self.workers == 1:
             lhs, rhs, rel, weight = (None if t is None else t[order] for t in edges)
             assert lhs is not None and rhs is not None and rel is not None
-            return PreparedEdges(lhs, rhs, rel, weight, seed, plan)
+            return PreparedEdges(lhs, rhs, rel, weight, seed, plan, claims=claims)
         return self.buffers.fill(edges, order, seed, plan)
 
     def run(
@@ -213,6 +217,7 @@ class HogwildPool:
                 n,
                 seed,
                 plan=edges.plan,
+                claims=edges.claims,
             )
             started = time.perf_counter()
             stats = run_task(self.setup, task, self._trainer, progress)

@@ -95,7 +95,8 @@ def _in_order(task: BucketTask) -> Iterator[Batch]:
     """A planned task trained by one worker: the plan's batches in order (data-parallel
     training gives each replica its batches in the sampler's order)."""
     assert task.plan is not None
-    for row in task.plan:
+    rows = task.plan if task.claims is None else (task.plan[k] for k in task.claims)
+    for row in rows:
         yield planned_batch(task.lhs, task.rhs, task.rel, task.weight, None, row)
 
 

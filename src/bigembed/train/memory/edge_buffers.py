@@ -13,6 +13,7 @@ bucket does not fit.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,9 @@ class PreparedEdges:
     seed: int
     plan: np.ndarray | None = None
     buffer: EdgeBuffer | None = None
+    #: with a plan and one worker: the plan rows to train, in the order they come (data-parallel
+    #: replicas taking each other's batches, :mod:`bigembed.train.replica_claims`); else all
+    claims: Iterable[int] | None = None
 
     @property
     def count(self) -> int:
