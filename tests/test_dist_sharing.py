@@ -23,7 +23,13 @@ import torch
 
 from bigembed.checkpoints.store import CheckpointStore
 from bigembed.communication.param_server import ParameterServer, ShardPlan, gather
-from bigembed.communication.sharer import MAX_BYTES_PER_S, MAX_ROUNDS_PER_S, Pacer, Sharer
+from bigembed.communication.sharer import (
+    MAX_BYTES_PER_S,
+    MAX_CPU_SHARE,
+    MAX_ROUNDS_PER_S,
+    Pacer,
+    Sharer,
+)
 from bigembed.config import model_spec
 from bigembed.model.scoring import ScoringModel
 from bigembed.train.memory.partitions import init_embeddings
@@ -338,6 +344,24 @@ def test_pacer_caps_rounds_and_bytes(round_s: float, nbytes: int, limit: str) ->
         "slow": 1 / max(round_s, 1e-9),
     }[limit]
     assert rounds / elapsed == pytest.approx(expected, rel=0.01), "the throttle is not too tight"
+
+
+def test_pacer_caps_the_round_threads_share_of_a_core() -> None:
+    """Rounds that take 5 ms of CPU each (a large dense shared set) run at most every 50 ms:
+    the round thread takes at most MAX_CPU_SHARE of a core from the training step; cheap
+    rounds keep PBG's 100 per second."""
+    clock = FakeClock()
+    pacer = Pacer(MAX_ROUNDS_PER_S, MAX_BYTES_PER_S, clock)
+    rounds = cpu = 0.0
+    while clock.now < 10.0:
+        began = clock()
+        clock.sleep(0.005)  # a round that is all CPU
+        rounds += 1
+        cpu += 0.005
+        clock.sleep(pacer.pause(began, 1000, cpu_seconds=0.005))
+    assert cpu / clock.now == pytest.approx(MAX_CPU_SHARE, rel=0.01)
+    assert rounds / clock.now == pytest.approx(MAX_CPU_SHARE / 0.005, rel=0.01)
+    assert pacer.pause(clock(), 1000, cpu_seconds=1e-5) == pytest.approx(1 / MAX_ROUNDS_PER_S)
 
 
 def test_sharer_loop_is_paced_by_its_clock() -> None:

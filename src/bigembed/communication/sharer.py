@@ -20,7 +20,11 @@ the next delta carries it to the server). ``fp32`` keeps the exact exchange abov
 value itself), bit for bit, and never clamps. The local server is always exact (no network).
 
 Rounds are throttled as PBG documents it: at most 100 per second, and at most 1 GB/s of traffic
-(:class:`Pacer`, which takes its clock as a parameter so tests can drive it).
+(:class:`Pacer`, which takes its clock as a parameter so tests can drive it); and, beyond PBG,
+at most ``MAX_CPU_SHARE`` of a core: the round thread shares the trainer's cores with the
+training step, and rounds of a large shared set (a few hundred relation operators with their
+Adagrad state, hundreds of kB dense) 100 times a second would take a large share of a core
+from a rank with one worker for no gain in freshness that training can use.
 :meth:`Sharer.flush` waits for a round that starts after the call, which is how the end of a
 step pushes everything (and, after a barrier, pulls everything) before a checkpoint.
 """
@@ -51,6 +55,9 @@ from bigembed.communication.segment_stream import SegmentStream
 
 MAX_ROUNDS_PER_S = 100.0
 MAX_BYTES_PER_S = 1e9
+#: The most of one core the round thread's own CPU time may take (its rounds' CPU seconds over
+#: the time from one round's start to the next).
+MAX_CPU_SHARE = 0.1
 
 
 class Pacer:
@@ -66,10 +73,13 @@ class Pacer:
         self.max_bytes_per_s = max_bytes_per_s
         self.clock = clock
 
-    def pause(self, began: float, nbytes: int) -> float:
-        """Seconds to wait after a round that started at ``began`` (this clock) and moved
-        ``nbytes``: the round plus the pause last at least the longer of the two intervals."""
-        interval = max(self.min_interval, nbytes / self.max_bytes_per_s)
+    def pause(self, began: float, nbytes: int, cpu_seconds: float = 0.0) -> float:
+        """Seconds to wait after a round that started at ``began`` (this clock), moved
+        ``nbytes`` and took ``cpu_seconds`` of its thread's CPU time: the round plus the pause
+        last at least the longest of the three intervals (rounds, bytes, CPU share)."""
+        interval = max(
+            self.min_interval, nbytes / self.max_bytes_per_s, cpu_seconds / MAX_CPU_SHARE
+        )
         return max(0.0, interval - (self.clock() - began))
 
 
@@ -183,12 +193,12 @@ class Sharer:
             while not self._stop.is_set():
                 with self._cond:
                     self._started += 1
-                began = self.pacer.clock()
+                began, cpu = self.pacer.clock(), time.thread_time()
                 moved = self._round()
                 with self._cond:
                     self._completed = self._started
                     self._cond.notify_all()
-                rest = self.pacer.pause(began, moved)
+                rest = self.pacer.pause(began, moved, time.thread_time() - cpu)
                 if rest > 0:
                     self._sleep(rest)
             for server in self.servers:

@@ -203,12 +203,12 @@ class RowSharer:
                 with self._cond:
                     self._started += 1
                     full, self._full = self._full, False
-                began = self.pacer.clock()
+                began, cpu = self.pacer.clock(), time.thread_time()
                 moved = self._round(full)
                 with self._cond:
                     self._completed = self._started
                     self._cond.notify_all()
-                rest = self.pacer.pause(began, moved)
+                rest = self.pacer.pause(began, moved, time.thread_time() - cpu)
                 if rest > 0:
                     self._wake.wait(rest)
                     self._wake.clear()
