@@ -322,6 +322,43 @@ def test_a_round_is_recorded_complete_before_the_gate_opens() -> None:
     assert all(completed == budget - 2 for budget, completed in seen), seen
 
 
+def test_interval_rounds_take_at_most_a_tenth_of_a_core() -> None:
+    """Rounds not driven by the gate (asynchronous strategies, idle trainers) come every
+    ``sync_interval`` unless their CPU would take more than MAX_CPU_SHARE of a core: rounds
+    that burn 10 ms of CPU come at most every 100 ms, not every millisecond."""
+    from bigembed.communication.lockstep import LockstepRounds
+    from bigembed.communication.sharer import MAX_CPU_SHARE
+    from bigembed.train.hogwild.gate import BatchGate
+
+    def burn() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.01:
+            pass
+
+    gate = BatchGate(1)
+    rounds = LockstepRounds(
+        0,
+        [0],
+        None,
+        gate,
+        gated=False,
+        sync_every=2,
+        interval=0.001,
+        on_data=burn,
+        on_agree=lambda: None,
+        on_error=lambda message: None,
+        name="test-cpu-cap",
+    )
+    rounds.start()
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        gate.passed(0)  # new batches: every round is a data round
+        time.sleep(0.002)
+    rounds.stop(10)
+    elapsed = time.monotonic() - started
+    assert 2 <= rounds.data_rounds <= elapsed * MAX_CPU_SHARE / 0.01 + 2, rounds.data_rounds
+
+
 # ---------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def items_graph(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], float]:

@@ -15,7 +15,9 @@ When a trainer's thread enters a round:
 
 * gated (a synchronous strategy) while its workers train a bucket: once they have used their
   budget of ``sync_every`` batches (they wait at the gate meanwhile), or the bucket ends;
-* otherwise: ``sync_interval`` seconds after its previous round started.
+* otherwise: ``sync_interval`` seconds after its previous round started, or later when the
+  previous round's CPU time would make the thread take more than a tenth of a core
+  (:data:`~bigembed.communication.sharer.MAX_CPU_SHARE`, the rule of every round thread).
 
 A flush, agree or stop request cuts the wait short. A trainer that is not training keeps
 entering rounds, so a trainer whose workers wait at the gate never waits for an idle one. The
@@ -45,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from bigembed.communication.primitives import flags_exchange
+from bigembed.communication.sharer import MAX_CPU_SHARE
 from bigembed.train import BatchGate
 
 _FLAG_BATCHES, _FLAG_FLUSH, _FLAG_AGREE, _FLAG_STOP = range(4)
@@ -130,6 +133,9 @@ class LockstepRounds:
         self._failed: str | None = None
         self._cond = threading.Condition()
         self._pace = GatePace()
+        #: least seconds between two rounds not driven by the gate: ``interval``, or more when
+        #: the last round's CPU would exceed MAX_CPU_SHARE of a core (sharer.Pacer's rule)
+        self._gap = interval
         self._thread = threading.Thread(target=self._run, name=f"bigembed-{name}", daemon=True)
         if gated:  # a gate may come from an earlier strategy of the run: count from its total
             gate.allow(gate.batches() + sync_every)
@@ -189,14 +195,14 @@ class LockstepRounds:
             return True
         if self.gated and self._training:
             return self.gate.full()
-        return time.monotonic() - last_start >= self.interval
+        return time.monotonic() - last_start >= self._gap
 
     def _pause(self, last_start: float) -> float:
         """How long the thread may sleep before :meth:`_due` can turn true by itself (lock
         held; requests notify the condition and cut the sleep short)."""
         if self.gated and self._training:
             return self._pace.pause(self.gate.batches(), int(self.gate.budget[0]))
-        return max(_POLL_S, self.interval - (time.monotonic() - last_start))
+        return max(_POLL_S, self._gap - (time.monotonic() - last_start))
 
     def _run(self) -> None:
         try:
@@ -218,7 +224,7 @@ class LockstepRounds:
                         [0, int(flush), int(self._agree_asked), int(self._stop_asked)],
                         dtype=torch.int64,
                     )
-                last_start = time.monotonic()
+                last_start, cpu = time.monotonic(), time.thread_time()
                 batches = self._round_batches = self.gate.batches()
                 if early:
                     self.gate.allow(batches + self.sync_every)
@@ -234,6 +240,7 @@ class LockstepRounds:
                     self.data_rounds += 1
                 else:
                     self.header_rounds += 1
+                self._gap = max(self.interval, (time.thread_time() - cpu) / MAX_CPU_SHARE)
                 with self._cond:
                     self._completed = self._started
                     self._completed_batches = batches

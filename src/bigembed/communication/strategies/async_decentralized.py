@@ -2,12 +2,13 @@
 trainer's shared parameters with whichever peer is ready at the same time; the workers never
 wait.
 
-Every ``sync_interval`` seconds at most the gossip thread asks the rendezvous store for a
-partner (:class:`~bigembed.communication.gossip.PairingBoard`: a peer whose thread is ready
-too, or nobody within ``max(sync_interval, 50 ms)``, and then it tries again later). Two
-paired trainers swap their values and both continue from the average, keeping what their
-workers changed meanwhile, exactly as a round of ``decentralized`` does, with the same
-low-precision CHOCO-gossip scheme (per peer, the copies ``known_by`` and ``estimate``, and
+Every ``sync_interval`` seconds at most (longer when its meetings would take more than a tenth
+of a core: :data:`~bigembed.communication.sharer.MAX_CPU_SHARE`) the gossip thread asks the
+rendezvous store for a partner (:class:`~bigembed.communication.gossip.PairingBoard`: a peer
+whose thread is ready too, or nobody within ``max(sync_interval, 50 ms)``, and then it tries
+again later). Two paired trainers swap their values and both continue from the average, keeping
+what their workers changed meanwhile, exactly as a round of ``decentralized`` does, with the
+same low-precision CHOCO-gossip scheme (per peer, the copies ``known_by`` and ``estimate``, and
 the difference sent in the configured precision). Unlike ``decentralized`` there is no round
 common to everybody: a slow trainer only misses meetings, it never holds anybody up.
 
@@ -40,6 +41,7 @@ from bigembed.communication.param_server import (
     scatter_copy,
 )
 from bigembed.communication.primitives import TAG_GOSSIP, ShardedReduce, exchange
+from bigembed.communication.sharer import MAX_CPU_SHARE
 from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
 from bigembed.communication.strategies.decentralized import _Peer
 
@@ -76,13 +78,14 @@ class AsyncDecentralized(Strategy):
         self._started = 0  # pairing attempts started, and finished
         self._done = 0
         self._failed: str | None = None
+        self._gap = env.sync_interval  # least seconds between two attempts (CPU-capped)
         self._thread = threading.Thread(target=self._run, name="bigembed-gossip", daemon=True)
 
     # ------------------------------------------------------------------ the thread
     def _may_try(self, last: float) -> bool:
         if self._agreeing or self._resting:
             return False
-        return time.monotonic() - last >= self.env.sync_interval
+        return time.monotonic() - last >= self._gap
 
     def _run(self) -> None:
         try:
@@ -90,15 +93,17 @@ class AsyncDecentralized(Strategy):
             while True:
                 with self._cond:
                     while not self._stop and not self._may_try(last):
-                        self._cond.wait(self.env.sync_interval / 2)
+                        self._cond.wait(self._gap / 2)
                     if self._stop:
                         return
                     self._busy = True
                     self._started += 1
-                last = time.monotonic()
+                last, cpu = time.monotonic(), time.thread_time()
                 peer = self.board.try_pair()
                 if peer is not None:
                     self._meet(peer)
+                # at most MAX_CPU_SHARE of a core for the meetings (sharer.Pacer's rule)
+                self._gap = max(self.env.sync_interval, (time.thread_time() - cpu) / MAX_CPU_SHARE)
                 with self._cond:
                     self._busy = False
                     self._done += 1
