@@ -239,9 +239,10 @@ def test_one_partition_trains_on_both_replicas(
         if strategy != "async_ps":  # the agreement itself leaves them bit-equal
             assert int(repairs) == 0, out
     share = _buckets_by_trainer(cfg)
-    assert set(share) == {0, 1}, share  # both trained, each about half of every epoch
-    spread = abs(share[0] - share[1]) / (share[0] + share[1])
-    assert spread <= (0.5 if stealing else 0.1), share
+    assert set(share) == {0, 1} and min(share.values()) > 0, share  # both trained
+    if not stealing:  # the sampler's shares: each about half of every epoch (with stealing the
+        # counts follow the ranks' speeds, which the machine's other load decides)
+        assert abs(share[0] - share[1]) <= 0.1 * (share[0] + share[1]), share
     store = CheckpointStore(cfg.checkpoint_path)
     assert store.committed_version() == 3
     steps = [r for r in store.read_stats() if r["type"] == "step"]
