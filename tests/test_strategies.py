@@ -423,7 +423,7 @@ def test_kill9_stops_every_strategy_and_the_checkpoint_resumes(
     from bigembed.checkpoints.store import CheckpointStore
     from support.ranks import TIMEOUT, free_port, make_graph, start_rank
 
-    epochs = 6  # killed after 2: the survivor stops long before the 4 left
+    epochs = 4  # killed after 2: alone, the survivor cannot finish the 2 left (returncode != 0)
     cfg_path, cfg = make_graph(tmp_path, num_epochs=epochs)
     extra = ("-p", f"communication.strategy={strategy}", "-p", "communication.precision=int8")
     store = CheckpointStore(cfg.checkpoint_path)

@@ -290,7 +290,8 @@ class DistContext:
 
     def _leave(self, wait_s: float) -> None:
         """Say this rank is leaving; rank 0, which hosts the store, first waits (``wait_s`` at
-        most) for the others to leave, so they can still read why the run ends."""
+        most) for the others to leave, so they can still read why the run ends (not for a rank
+        whose heartbeat stopped: it cannot read anything)."""
         store = self.store
         if store is None:
             return
@@ -299,7 +300,8 @@ class DistContext:
                 store.set(f"exit/{self.rank}", "1")
                 return
             deadline = time.monotonic() + wait_s
-            others = [f"exit/{r}" for r in range(1, self.layout.world_size)]
+            gone = self.watchdog.gone if self.watchdog is not None else set()
+            others = [f"exit/{r}" for r in range(1, self.layout.world_size) if r not in gone]
             while others and time.monotonic() < deadline:
                 others = [k for k in others if not store.check([k])]
                 time.sleep(0.05)

@@ -81,6 +81,7 @@ class Watchdog:
         self.store = address.namespaced(address.client(timeout))
         self.peers = [r for r in range(layout.world_size) if r != rank]
         self.failure: str | None = None
+        self.gone: set[int] = set()  # peers whose heartbeat stopped: nobody to wait for
         self.session: Session | None = None  # set once joined with a secret: signs ``abort``
         self.last_ok = time.monotonic()  # when a heartbeat last completed
         self.store_lost = False  # the deadman fired: no store call can complete now
@@ -197,6 +198,7 @@ class Watchdog:
                             continue
                     except Exception:
                         pass
+                    self.gone.add(peer)
                     self._die(
                         f"{self.layout.role(peer)} is gone: no heartbeat for {silent:.0f}s "
                         f"(distributed_timeout is {self.timeout:g}s)"
