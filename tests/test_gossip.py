@@ -148,3 +148,52 @@ def test_gossip_mixes_without_waiting_for_the_slowest(runs: Path, precision: str
     assert max(results[0]["trained_s"], results[1]["trained_s"]) < 0.5 * slow
     assert any(peer >= 0 for _, peer in results[2]["log"])  # and it met somebody later
     assert sum(r["sent"] for r in results) == sum(r["received"] for r in results)
+
+
+def test_meetings_take_at_most_a_tenth_of_a_core() -> None:
+    """The gossip thread rests at least ten times a meeting's CPU time before the next attempt
+    (MAX_CPU_SHARE): meetings that burn 10 ms come at most every 100 ms, not every
+    ``sync_interval`` (1 ms here). In process: the pairing always finds peer 1, a meeting only
+    burns CPU."""
+    import torch.distributed as dist
+
+    from bigembed.communication import get_codec
+    from bigembed.communication.sharer import MAX_CPU_SHARE
+    from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
+    from support.strategy_runs import NAMES, NONNEGATIVE, NUMELS
+
+    store = dist.HashStore()
+    env = StrategyEnv(
+        rank=0,
+        trainers=[0, 1],
+        group=None,
+        codec=get_codec("fp32"),
+        workers=1,
+        sync_every=4,
+        sync_interval=0.001,
+        on_error=lambda message: None,
+        store_client=lambda: store,
+    )
+    tensors = [torch.zeros(n) for n in NUMELS]
+    strategy: Any = make_strategy(
+        "async_decentralized", env, SharedTensors(NAMES, tensors, NONNEGATIVE)
+    )
+    meetings: list[int] = []
+
+    def burn(peer: int) -> None:
+        meetings.append(peer)
+        start = time.thread_time()
+        while time.thread_time() - start < 0.01:
+            pass
+
+    strategy._meet = burn
+    strategy.board.try_pair = lambda: 1
+    started = time.monotonic()
+    strategy.start()
+    time.sleep(1.0)
+    with strategy._cond:
+        strategy._stop = True
+        strategy._cond.notify_all()
+    strategy._thread.join(10)
+    elapsed = time.monotonic() - started
+    assert 2 <= len(meetings) <= elapsed * MAX_CPU_SHARE / 0.01 + 2, len(meetings)
