@@ -61,8 +61,6 @@ COMMANDS: Registry[Callable[[Any], None]] = Registry(
 )
 
 
-_EXIT_HOOK: list[Callable[[], None]] = []  # skip_exit_collection's hook, once registered
-
 OUT_OF_MEMORY = (
     "out of memory (the dimension, entity counts or batch need more than is available: use "
     "more partitions, a smaller dimension or batch, or check the metadata/config sizes)"
@@ -116,9 +114,8 @@ def skip_exit_collection() -> None:
     (temporary directories, multiprocessing's, torch's) run before it, logging's flush after
     it, non-daemon threads have been joined, and what reference counting frees is still freed.
     """
-    if not _EXIT_HOOK:
-        atexit.register(gc.freeze)
-        _EXIT_HOOK.append(gc.freeze)
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process
+    atexit.register(gc.freeze)
 
 
 def quiet_torch_loggers() -> None:

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from bigembed.communication.primitives import flags_exchange
-from bigembed.communication.sharer import MAX_CPU_SHARE
+from bigembed.communication.sharer import cpu_paced
 from bigembed.train import BatchGate
 
 _FLAG_BATCHES, _FLAG_FLUSH, _FLAG_AGREE, _FLAG_STOP = range(4)
@@ -134,7 +134,7 @@ class LockstepRounds:
         self._cond = threading.Condition()
         self._pace = GatePace()
         #: least seconds between two rounds not driven by the gate: ``interval``, or more when
-        #: the last round's CPU would exceed MAX_CPU_SHARE of a core (sharer.Pacer's rule)
+        #: the last round's CPU would exceed a tenth of a core (sharer.cpu_paced)
         self._gap = interval
         self._thread = threading.Thread(target=self._run, name=f"bigembed-{name}", daemon=True)
         if gated:  # a gate may come from an earlier strategy of the run: count from its total
@@ -240,7 +240,7 @@ class LockstepRounds:
                     self.data_rounds += 1
                 else:
                     self.header_rounds += 1
-                self._gap = max(self.interval, (time.thread_time() - cpu) / MAX_CPU_SHARE)
+                self._gap = cpu_paced(self.interval, time.thread_time() - cpu)
                 with self._cond:
                     self._completed = self._started
                     self._completed_batches = batches

@@ -60,6 +60,14 @@ MAX_BYTES_PER_S = 1e9
 MAX_CPU_SHARE = 0.1
 
 
+def cpu_paced(interval: float, cpu_seconds: float) -> float:
+    """The least seconds from a round's start to the next one's: ``interval``, or longer when
+    the round's ``cpu_seconds`` would make its thread take more than ``MAX_CPU_SHARE`` of a
+    core (the rule of every round thread: this Pacer, ``LockstepRounds``' interval rounds,
+    ``async_decentralized``'s meetings)."""
+    return max(interval, cpu_seconds / MAX_CPU_SHARE)
+
+
 class Pacer:
     """How long to pause after a round so that rounds stay under both caps."""
 
@@ -77,9 +85,7 @@ class Pacer:
         """Seconds to wait after a round that started at ``began`` (this clock), moved
         ``nbytes`` and took ``cpu_seconds`` of its thread's CPU time: the round plus the pause
         last at least the longest of the three intervals (rounds, bytes, CPU share)."""
-        interval = max(
-            self.min_interval, nbytes / self.max_bytes_per_s, cpu_seconds / MAX_CPU_SHARE
-        )
+        interval = cpu_paced(max(self.min_interval, nbytes / self.max_bytes_per_s), cpu_seconds)
         return max(0.0, interval - (self.clock() - began))
 
 

@@ -40,8 +40,7 @@ class ReplicaClaims:
 
     ``sizes[j]``: how many batches replica ``j``'s share holds; iterating yields positions in
     the concatenation of the shares (share 0's batches, then share 1's, ...): this replica's
-    own share first, in order, then batches taken from the others. ``taken`` counts, per
-    share, the batches this replica took from it.
+    own share first, in order, then batches taken from the others.
     """
 
     def __init__(
@@ -60,7 +59,6 @@ class ReplicaClaims:
         self.replica = replica
         self.chunk = max(1, chunk)
         self.offsets = [sum(self.sizes[:j]) for j in range(len(sizes))]
-        self.taken = [0] * len(sizes)
         #: earlier buckets' claims to release when this one starts (from the training thread,
         #: the one that uses the store, once every replica is certainly done with them)
         self.release_first: list[ReplicaClaims] = []
@@ -76,7 +74,6 @@ class ReplicaClaims:
             if start >= size:
                 break
             for position in range(start, min(end, size)):
-                self.taken[me] += 1
                 yield self.offsets[me] + position
         while True:  # then the share with the most left, one batch at a time
             left = {
@@ -91,7 +88,6 @@ class ReplicaClaims:
                 position = self.store.add(self.keys[victim], 1) - 1
                 if position >= self.sizes[victim]:
                     break
-                self.taken[victim] += 1
                 yield self.offsets[victim] + position
 
     def release(self) -> None:

@@ -163,8 +163,9 @@ class ReplicaShare:
             mine = torch.cat(shares).numpy()
             prefix = f"claims/v{it.version}/b{bucket[0]}-{bucket[1]}"
             claims = ReplicaClaims(self.store, prefix, [len(t) for t in shares], self.replica)
-            # a bucket's counters can go once the next bucket has started on every replica
-            claims.release_first, self._claims = self._claims[:-1], [*self._claims[-1:], claims]
+            # a bucket's counters can go once the bucket after it has started on every replica
+            claims.release_first = self._claims[:-1]
+            self._claims = [*self._claims[-1:], claims]
         rows = plan[mine].reshape(-1, 4)
         sizes = rows[:, 1] - rows[:, 0]
         begins = (np.cumsum(sizes) - sizes).astype(np.int64)

@@ -41,7 +41,7 @@ from bigembed.communication.param_server import (
     scatter_copy,
 )
 from bigembed.communication.primitives import TAG_GOSSIP, ShardedReduce, exchange
-from bigembed.communication.sharer import MAX_CPU_SHARE
+from bigembed.communication.sharer import cpu_paced
 from bigembed.communication.strategies.base import SharedTensors, Strategy, StrategyEnv
 from bigembed.communication.strategies.decentralized import _Peer
 
@@ -102,8 +102,7 @@ class AsyncDecentralized(Strategy):
                 peer = self.board.try_pair()
                 if peer is not None:
                     self._meet(peer)
-                # at most MAX_CPU_SHARE of a core for the meetings (sharer.Pacer's rule)
-                self._gap = max(self.env.sync_interval, (time.thread_time() - cpu) / MAX_CPU_SHARE)
+                self._gap = cpu_paced(self.env.sync_interval, time.thread_time() - cpu)
                 with self._cond:
                     self._busy = False
                     self._done += 1
