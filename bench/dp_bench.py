@@ -20,7 +20,9 @@ and the bytes are bigembed's own count. Columns: epoch time (the steps' seconds 
 training_stats.json, epochs 2+ when there are several), its speed-up over the one-machine
 row of the same graph, filtered test MRR, MB per epoch, and the seconds per epoch the
 trainers' workers waited at the synchronous strategies' gate (``gate_wait_seconds``, summed
-over trainers). On the ``skewed`` graph (one relation per batch, a ``linear`` one costing
+over trainers) and, of it, the seconds the gate stayed closed because the other trainer had not
+reached the round yet (``peer_wait_seconds``: what the split of the edges decides; the rest is
+the round itself). On the ``skewed`` graph (one relation per batch, a ``linear`` one costing
 many times a ``diagonal`` one) the data-parallel rows compare the load-balancing sampler with
 an even split of the bucket's batches. A few target lines follow the table.
 
@@ -97,18 +99,22 @@ class Plan:
         return out
 
 
-def step_stats(ckpt: Path) -> tuple[float, float | None, float]:
-    """(mean epoch seconds, epochs 2+ when there are several; gate wait seconds per epoch, or
-    None when the records have none; bigembed's own network bytes per epoch)."""
+def step_stats(ckpt: Path) -> tuple[float, float | None, float | None, float]:
+    """(mean epoch seconds, epochs 2+ when there are several; gate wait and, of it, peer wait
+    seconds per epoch, each None when the records have none; bigembed's own network bytes per
+    epoch)."""
     steps = [r for r in CheckpointStore(ckpt).read_stats() if r["type"] == "step"]
     epochs = sorted({int(r["epoch_idx"]) for r in steps})
     steady = [r for r in steps if r["epoch_idx"] != epochs[0]] if len(epochs) > 1 else steps
     n = max(len(epochs) - 1, 1) if len(epochs) > 1 else 1
     seconds = sum(float(r["seconds"]) for r in steady) / n
-    waits = [r.get("gate_wait_seconds") for r in steps]
-    gate = None if all(w is None for w in waits) else sum(w or 0.0 for w in waits) / len(epochs)
+
+    def per_epoch(key: str) -> float | None:
+        waits = [r.get(key) for r in steps]
+        return None if all(w is None for w in waits) else sum(w or 0.0 for w in waits) / len(epochs)
+
     net = sum(int(r.get("net_bytes") or 0) for r in steps) / len(epochs)
-    return seconds, gate, net
+    return seconds, per_epoch("gate_wait_seconds"), per_epoch("peer_wait_seconds"), net
 
 
 def lone_trainings(
@@ -162,7 +168,7 @@ def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
         wire = run.wire_bytes
         source = "interface counters" if wire is not None else "bigembed's count"
     wall = time.perf_counter() - started
-    seconds, gate, net = step_stats(ckpt)
+    seconds, gate, peer, net = step_stats(ckpt)
     if plan.mode == INDEPENDENT:  # the mean of the trainings' epochs
         seconds = sum(step_stats(c)[0] for c in ckpts) / len(ckpts)
     mrr = dp_graphs.filtered_mrr(plan.graph, ckpt, work / "eval.json")
@@ -186,6 +192,7 @@ def run_one(plan: Plan, args: argparse.Namespace, use_netns: bool) -> Row:
         mb_per_epoch=mb,
         bytes_source=source,
         gate_wait_s=gate,
+        peer_wait_s=peer,
     )
 
 
@@ -407,7 +414,8 @@ def main() -> int:
         f"d={args.dimension} (skewed: d={args.skew_dimension}, 5+5 negatives), 50+50 "
         f"negatives, batch 1000; {notes}; MRR: filtered, test edges against every entity; "
         "MB/epoch: all the interfaces sent in the run (rendezvous and heartbeats included) "
-        "over the epochs; gate wait: seconds per epoch, summed over trainers; edge split "
+        "over the epochs; gate wait: seconds per epoch, summed over trainers, and of it waiting "
+        "for the slower trainer; edge split "
         f"{EDGE_SPLITS}"
     )
     table = markdown(caption, rows) + "\n" + "\n".join(target_lines(rows))

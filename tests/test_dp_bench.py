@@ -113,8 +113,15 @@ def test_targets_are_judged_on_the_right_pairs() -> None:
         _dp(epoch_s=5.5, mrr=0.295),  # 1.82x within 0.01: met
         _dp(precision="int8", sparse="rows", epoch_s=5.0, mrr=0.280, mb_per_epoch=10.0),
         _row(graph="skewed", mrr=0.5),
-        _dp(graph="skewed", precision="int8", sparse="rows", edge_split="even", gate_wait_s=3.0),
-        _dp(graph="skewed", precision="int8", sparse="rows", gate_wait_s=2.0),
+        _dp(
+            graph="skewed",
+            precision="int8",
+            sparse="rows",
+            edge_split="even",
+            gate_wait_s=3.0,
+            peer_wait_s=1.2,
+        ),
+        _dp(graph="skewed", precision="int8", sparse="rows", gate_wait_s=2.0, peer_wait_s=0.5),
     ]
     lines = dp_table.target_lines(rows)
     speed = [line for line in lines if "one rank" in line]
@@ -123,11 +130,14 @@ def test_targets_are_judged_on_the_right_pairs() -> None:
     assert len(speed) == 1  # the skewed graph is not a speed-up target
     (nbytes,) = [line for line in lines if "fewer bytes" in line]
     assert "10.0x" in nbytes and nbytes.endswith(": missed")  # MRR -0.0200 against fp32
-    (gate,) = [line for line in lines if "gate wait" in line]
+    (gate,) = [line for line in lines if "gate wait even" in line]
     assert "= 1.50x" in gate and gate.endswith(": missed")
+    # the part the split decides, judged on its own line
+    (peer,) = [line for line in lines if "waiting for the slower trainer even" in line]
+    assert "1.20 s / sampler 0.50 s = 2.40x" in peer and peer.endswith(": met")
     # nobody waited with either split (no round inside a bucket): no verdict
-    idle = [replace(r, gate_wait_s=0.0) if r.gate_wait_s else r for r in rows]
-    assert not [line for line in dp_table.target_lines(idle) if "gate wait" in line]
+    idle = [replace(r, gate_wait_s=0.0, peer_wait_s=0.0) if r.gate_wait_s else r for r in rows]
+    assert not [line for line in dp_table.target_lines(idle) if "even" in line]
 
 
 def test_the_quick_matrix_can_judge_every_target() -> None:
@@ -196,6 +206,7 @@ def test_repeated_rows_are_medians_with_their_range() -> None:
     assert one.epoch_s == 10.0 and one.epoch_s_runs == [10.0, 14.0, 9.0]
     assert (dp.epoch_s, dp.mrr, dp.mb_per_epoch) == (6.0, 0.30, 11.0)
     assert dp.gate_wait_s == 0.4  # the median of the runs that recorded one
+    assert dp.peer_wait_s is None  # no run recorded one
     assert dp_table.combine(ones[:1]) == ones[0]  # one run: the row itself
     lines = dp_table.markdown("caption", [one, dp]).splitlines()
     cells = [c.strip() for c in lines[5].strip("|").split("|")]

@@ -131,6 +131,22 @@ def test_old_stats_without_the_kernel_still_read() -> None:
     assert (merged.kernel, merged.kernel_reason) == ("eager", "trainer 1: no compiler")
 
 
+def test_a_distributed_steps_gate_waits_add_up_over_trainers() -> None:
+    """The merged step sums the trainers' gate and peer waits and keeps each one's; a trainer
+    that recorded none counts 0, and none recorded stays absent."""
+    base = {"type": "step", "version": 1, "stats": {"count": 5, "loss": 1.0}}
+    waited = StepRecord.from_json({**base, "gate_wait_seconds": 0.5, "peer_wait_seconds": 0.2})
+    plain = StepRecord.from_json(base)
+    merged = merge_step_logs([StepLog([], waited), StepLog([], plain)]).step
+    assert merged.gate_wait_by_trainer == [0.5, 0.0]
+    assert merged.peer_wait_by_trainer == [0.2, 0.0]
+    assert merged.to_json()["peer_wait_seconds"] == 0.2
+    both = merge_step_logs([StepLog([], waited), StepLog([], waited)]).step
+    assert both.peer_wait_seconds == pytest.approx(0.4)
+    none = merge_step_logs([StepLog([], plain), StepLog([], plain)]).step
+    assert "peer_wait_seconds" not in none.to_json()
+
+
 # ----------------------------------------------------------------- through bigembed train
 def _config(root: Path, **keys: object) -> Path:
     write_graph(root, num_entities=200, num_edges=2000, num_relations=1)

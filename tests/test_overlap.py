@@ -30,10 +30,12 @@ SYNC_EVERY, BUCKETS, BATCHES = 4, 2, 12
 STRATEGIES = ("allreduce", "decentralized")
 
 
-def _round_thread(overlap: bool, monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, int]:
+def _round_thread(
+    overlap: bool, monkeypatch: pytest.MonkeyPatch | None = None
+) -> tuple[int, int, BatchGate]:
     """(batches passed while a data round was in flight, the largest lag behind the last
-    completed round) of one worker next to a round thread whose rounds take 30 ms. With
-    ``monkeypatch``, the rounds' header exchange also takes 30 ms (a slower peer) and "in
+    completed round, the gate) of one worker next to a round thread whose rounds take 30 ms.
+    With ``monkeypatch``, the rounds' header exchange also takes 30 ms (a slower peer) and "in
     flight" is that wait only."""
     gate = BatchGate(1)
     in_flight = threading.Event()
@@ -80,14 +82,14 @@ def _round_thread(overlap: bool, monkeypatch: pytest.MonkeyPatch | None = None) 
         gate.passed(0)
     rounds.set_training(False)
     rounds.stop(10)
-    return during, lag
+    return during, lag, gate
 
 
 def test_overlap_lets_the_workers_train_during_a_round() -> None:
-    during, lag = _round_thread(overlap=True)
+    during, lag, _ = _round_thread(overlap=True)
     assert during >= SYNC_EVERY, during  # trained while the rounds communicated
     assert SYNC_EVERY < lag <= 2 * SYNC_EVERY, lag
-    during, lag = _round_thread(overlap=False)
+    during, lag, _ = _round_thread(overlap=False)
     assert during == 0, during
     assert lag <= SYNC_EVERY, lag
 
@@ -97,12 +99,29 @@ def test_overlap_lets_the_workers_train_while_a_round_waits_for_a_slower_peer(
 ) -> None:
     """A trainer that reached its budget first does not wait at the gate for the others to
     reach theirs (the round's header exchange): its workers go on, one round of staleness."""
-    during, lag = _round_thread(overlap=True, monkeypatch=monkeypatch)
+    during, lag, _ = _round_thread(overlap=True, monkeypatch=monkeypatch)
     assert during >= SYNC_EVERY, during
     assert SYNC_EVERY < lag <= 2 * SYNC_EVERY, lag
-    during, lag = _round_thread(overlap=False, monkeypatch=monkeypatch)
+    during, lag, _ = _round_thread(overlap=False, monkeypatch=monkeypatch)
     assert during == 0, during
     assert lag <= SYNC_EVERY, lag
+
+
+def test_the_gate_wait_names_the_part_spent_waiting_for_slower_trainers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``peer_waited``: the seconds the gate stayed closed while the round's header waited for
+    the other trainers, apart from the round's own 30 ms; none with overlap (the gate is open
+    during that wait) and none when every trainer is there at once."""
+    _, _, alone = _round_thread(overlap=False)
+    rounds = 5  # 6 x SYNC_EVERY batches: the worker waits for the rounds after 1 to 5 budgets
+    assert alone.wait_seconds() >= rounds * 0.03, alone.wait_seconds()
+    assert alone.peer_waited() < rounds * 0.005, alone.peer_waited()
+    _, _, slow_peer = _round_thread(overlap=False, monkeypatch=monkeypatch)
+    assert slow_peer.peer_waited() >= (rounds - 1) * 0.03, slow_peer.peer_waited()
+    assert slow_peer.peer_waited() <= slow_peer.wait_seconds()
+    _, _, overlapped = _round_thread(overlap=True, monkeypatch=monkeypatch)
+    assert overlapped.peer_waited() == 0.0
 
 
 def test_the_round_thread_sleeps_by_the_workers_pace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -215,11 +215,13 @@ class LockstepRounds:
                     flush = self._flush_goal >= self._started
                     # due because the workers used their budget: with overlap they go on while
                     # the round waits for the others (see the module docstring)
-                    early = (
-                        self.overlap
-                        and self._training
-                        and not (flush or self._agree_asked or self._stop_asked)
+                    by_budget = self._training and not (
+                        flush or self._agree_asked or self._stop_asked
                     )
+                    early = self.overlap and by_budget
+                    # without overlap the gate stays closed while the header waits for the
+                    # others: that wait is the workers' too (BatchGate.peer_waited)
+                    gate_closed = self.gated and by_budget and not early
                     header = torch.tensor(
                         [0, int(flush), int(self._agree_asked), int(self._stop_asked)],
                         dtype=torch.int64,
@@ -230,7 +232,10 @@ class LockstepRounds:
                     self.gate.allow(batches + self.sync_every)
                 header[_FLAG_BATCHES] = batches - self._counted
                 self._counted = batches
+                exchange_start = time.perf_counter()
                 total = flags_exchange(header, self.peers, self.group)
+                if gate_closed:
+                    self.gate.add_peer_wait(time.perf_counter() - exchange_start)
                 agreed = False
                 if int(total[_FLAG_AGREE]) == self.world:
                     self.on_agree()

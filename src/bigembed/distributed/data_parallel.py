@@ -104,7 +104,7 @@ class ReplicaCheckpoints:
             step = merged.step
             logger.info(
                 "step %d committed: %d edges by %d replicas, loss %.4f, %.0f edges/s, "
-                "%.1f MB over the network, %.2f s at the gate",
+                "%.1f MB over the network, %.2f s at the gate (%.2f s waiting for slower replicas)",
                 version,
                 step.stats.count,
                 ctx.layout.num_trainers,
@@ -112,6 +112,7 @@ class ReplicaCheckpoints:
                 step.edges_per_sec,
                 (step.net_bytes or 0) / 1e6,
                 step.gate_wait_seconds or 0.0,
+                step.peer_wait_seconds or 0.0,
             )
             merged_step = share_merged_step(ctx, version, step)
         else:

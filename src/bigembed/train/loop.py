@@ -227,6 +227,7 @@ class TrainingLoop:
         t0 = time.perf_counter()
         wait0 = store.io_wait_seconds
         gate0 = self.gate.wait_seconds() if self.gate is not None else 0.0
+        peer0 = self.gate.peer_waited() if self.gate is not None else 0.0
         totals = StepStats()
         records: list[BucketRecord] = []
         grid = (partitions_per_side(self.cfg, "lhs"), partitions_per_side(self.cfg, "rhs"))
@@ -294,6 +295,7 @@ class TrainingLoop:
             step.compute_dtype, step.compute_dtype_reason = self.dtype.name, self.dtype.reason
         if self.gate is not None:
             step.gate_wait_seconds = self.gate.wait_seconds() - gate0
+            step.peer_wait_seconds = self.gate.peer_waited() - peer0
         if self.share is not None:
             step.mode = "data_parallel"
         observers.step_finished(step)

@@ -20,8 +20,10 @@ Keys:
   ``load_seconds`` (waiting for the bucket's partitions and edges), ``train_seconds`` (the
   Hogwild workers' wall time) and ``worker_seconds`` (each worker's busy time in it);
 * step: ``io_bytes_read``, ``io_bytes_written``, ``io_wait_seconds``, and in distributed runs
-  ``net_bytes``, ``lock_waits``, ``trainers``; ``kernel`` (``native`` or ``eager``: the training
-  step's path, decided once per run) and ``kernel_reason`` (why), absent from older files;
+  ``net_bytes``, ``lock_waits``, ``trainers``, and with a synchronous strategy
+  ``gate_wait_seconds`` / ``peer_wait_seconds`` (with ``_by_trainer`` lists); ``kernel``
+  (``native`` or ``eager``: the training step's path, decided once per run) and
+  ``kernel_reason`` (why), absent from older files;
   ``compute_dtype`` (``float32`` or ``bfloat16``: the score products' dtype, decided once per
   run; ``mixed`` where a distributed run's trainers differ) and ``compute_dtype_reason``, absent
   from older files.
@@ -203,6 +205,11 @@ class StepRecord(JsonForm):
     #: (summed over workers and, merged, over trainers), and each trainer's share
     gate_wait_seconds: float | None = omit_none()
     gate_wait_by_trainer: list[float] | None = omit_none()
+    #: of that wait, the seconds the gate stayed closed because another trainer had not reached
+    #: the round yet (what the split of the edges between trainers decides; the rest is the
+    #: round itself), summed over trainers, and each trainer's share
+    peer_wait_seconds: float | None = omit_none()
+    peer_wait_by_trainer: list[float] | None = omit_none()
     #: data-parallel runs: "data_parallel" (absent: partitioned or one machine)
     mode: str | None = omit_none()
 
@@ -211,11 +218,11 @@ class StepRecord(JsonForm):
     def edges_per_sec(self) -> float:
         return self.stats.count / self.seconds if self.seconds > 0 else 0.0
 
-    @field_serializer("io_wait_seconds", "gate_wait_seconds")
+    @field_serializer("io_wait_seconds", "gate_wait_seconds", "peer_wait_seconds")
     def _rounded(self, value: float | None) -> float | None:
         return None if value is None else round(value, 4)
 
-    @field_serializer("gate_wait_by_trainer")
+    @field_serializer("gate_wait_by_trainer", "peer_wait_by_trainer")
     def _rounded_list(self, value: list[float] | None) -> list[float] | None:
         return None if value is None else [round(v, 4) for v in value]
 
@@ -250,6 +257,11 @@ class StepLog(JsonForm):
         return [*out["buckets"], out["step"]]
 
 
+def _per_trainer(values: list[float | None]) -> list[float]:
+    """Each trainer's figure (0 where one did not record it); empty when none did."""
+    return [] if all(v is None for v in values) else [v or 0.0 for v in values]
+
+
 def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
     """One log of a distributed step from every trainer's (``parts[r]`` is trainer ``r``'s).
 
@@ -259,9 +271,8 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
     """
     steps = [p.step for p in parts]
     waits = [s.io_wait_seconds for s in steps if s.io_wait_seconds is not None]
-    gates = [s.gate_wait_seconds or 0.0 for s in steps]
-    if all(s.gate_wait_seconds is None for s in steps):
-        gates = []
+    gates = _per_trainer([s.gate_wait_seconds for s in steps])
+    peers = _per_trainer([s.peer_wait_seconds for s in steps])
 
     def total(key: str) -> int:
         return sum(getattr(s, key) or 0 for s in steps)
@@ -280,6 +291,8 @@ def merge_step_logs(parts: Sequence[StepLog]) -> StepLog:
         io_wait_seconds=sum(waits) if waits else None,
         gate_wait_seconds=sum(gates) if gates else None,
         gate_wait_by_trainer=gates if gates else None,
+        peer_wait_seconds=sum(peers) if peers else None,
+        peer_wait_by_trainer=peers if peers else None,
         mode=steps[0].mode,
         **_merge_kernels(steps),
         **_merge_dtypes(steps),

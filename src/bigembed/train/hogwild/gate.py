@@ -33,6 +33,9 @@ class BatchGate:
         self.budget = torch.full((1,), OPEN, dtype=torch.int64).share_memory_()
         #: seconds each worker has waited here (its own slot)
         self.waited = torch.zeros(workers, dtype=torch.float64).share_memory_()
+        #: seconds the round thread kept the gate closed waiting for the other trainers to reach
+        #: the round (written by that thread only, read by the trainer; see :meth:`peer_waited`)
+        self._peer_waited = 0.0
 
     # ------------------------------------------------------------------ worker side
     def wait_turn(self, slot: int = 0) -> None:
@@ -53,6 +56,17 @@ class BatchGate:
     def wait_seconds(self) -> float:
         """Seconds all workers have waited at the gate so far (in this run), summed."""
         return float(self.waited.sum())
+
+    def add_peer_wait(self, seconds: float) -> None:
+        """Called by the round thread: it held the gate closed ``seconds`` waiting for the
+        other trainers to reach a round that its workers' used budget started."""
+        self._peer_waited += seconds
+
+    def peer_waited(self) -> float:
+        """Of :meth:`wait_seconds`, the round thread's share spent waiting for slower trainers,
+        so far: what the split of the work between trainers decides (the rest is the round
+        itself and the thread's look at the gate). Not summed over workers: they wait together."""
+        return self._peer_waited
 
     def batches(self) -> int:
         """Batches finished by all workers so far (in this run)."""
