@@ -108,20 +108,14 @@ def test_table_has_a_line_per_row_and_speedups_against_its_own_graph() -> None:
 
 
 def test_targets_are_judged_on_the_right_pairs() -> None:
+    skewed_int8_rows: dict[str, object] = {"graph": "skewed", "precision": "int8", "sparse": "rows"}
     rows = [
         _row(),
         _dp(epoch_s=5.5, mrr=0.295),  # 1.82x within 0.01: met
         _dp(precision="int8", sparse="rows", epoch_s=5.0, mrr=0.280, mb_per_epoch=10.0),
         _row(graph="skewed", mrr=0.5),
-        _dp(
-            graph="skewed",
-            precision="int8",
-            sparse="rows",
-            edge_split="even",
-            gate_wait_s=3.0,
-            peer_wait_s=1.2,
-        ),
-        _dp(graph="skewed", precision="int8", sparse="rows", gate_wait_s=2.0, peer_wait_s=0.5),
+        _dp(**skewed_int8_rows, edge_split="even", gate_wait_s=3.0, peer_wait_s=1.2),
+        _dp(**skewed_int8_rows, gate_wait_s=2.0, peer_wait_s=0.5),
     ]
     lines = dp_table.target_lines(rows)
     speed = [line for line in lines if "one rank" in line]
