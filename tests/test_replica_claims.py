@@ -9,6 +9,7 @@ the one with the most left, a slow replica is relieved of its tail; and a replic
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -62,6 +63,32 @@ def test_every_batch_is_taken_once_and_own_shares_come_first() -> None:
             len(positions),
         )
         assert first_foreign == len(own)  # nothing taken from others before its own is out
+
+
+class _CountingStore:
+    """A store that counts its round trips."""
+
+    def __init__(self) -> None:
+        self.store = _store()
+        self.trips = 0
+
+    def add(self, key: str, value: int) -> int:
+        self.trips += 1
+        return int(self.store.add(key, value))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self.store.delete_key(key))
+
+
+def test_the_owner_claims_guided_chunks_in_few_round_trips() -> None:
+    """A share of 136 batches (FB15k-237's half at batch 1000) costs its owner ~15 store round
+    trips, not 136 / chunk: the chunks shrink with what is left, down to ``chunk``."""
+    store = _CountingStore()
+    claims = ReplicaClaims(store, "claims/v1/b0-0", [136, 136], 0, chunk=2)
+    own = list(itertools.islice(iter(claims), 136))
+    assert own == list(range(136))
+    assert store.trips <= 16, store.trips  # a fixed chunk of 2 would take 68
+    assert claims.owner_chunk(136) == 34 and claims.owner_chunk(3) == 2
 
 
 def test_a_slow_replica_is_relieved_of_its_tail() -> None:

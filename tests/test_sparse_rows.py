@@ -40,6 +40,8 @@ from bigembed.communication.sparse_rows import (
     RowCodec,
     RowFeedback,
     changed_rows,
+    joined,
+    union_rows,
 )
 from bigembed.communication.strategies import SharedTensors, StrategyEnv, make_strategy
 from bigembed.config import PRECISION_NAMES, STRATEGY_NAMES
@@ -121,6 +123,36 @@ def test_pending_rows_are_the_residuals_above_the_dead_band() -> None:
     assert changed_rows(live, ref, state, state, band=DEAD_BAND).tolist() == []
     ref[3, 1] += 2 * DEAD_BAND
     assert changed_rows(live, ref, state, state, band=DEAD_BAND).tolist() == [3]
+
+
+def test_a_lossless_comparison_finds_every_differing_row_however_small() -> None:
+    """Without a dead band a row differs when any value differs: by one ulp, by a subnormal,
+    or by a NaN on either side; -0.0 against 0.0 is equal (the same value)."""
+    ref = torch.zeros(6, 4)
+    ref[0] = 1.0
+    live = ref.clone()
+    live[0, 2] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))  # one ulp
+    live[1, 3] = torch.finfo(torch.float32).smallest_normal / 4  # a subnormal
+    live[2, 0] = float("nan")
+    ref[3, 1] = float("nan")
+    live[4, 0] = -0.0
+    state = torch.zeros(6)
+    assert changed_rows(live, ref, state, state).tolist() == [0, 1, 2, 3]
+
+
+def test_row_union_and_a_lone_message_need_no_copy() -> None:
+    assert union_rows(8, [torch.tensor([5, 1]), torch.tensor([1, 7, 0])]).tolist() == [0, 1, 5, 7]
+    assert union_rows(3, []).tolist() == []
+    message = torch.arange(6, dtype=torch.uint8)
+    assert joined([message]) is message
+    assert joined([message, message]).tolist() == [*range(6), *range(6)]
+    codec = RowCodec(get_codec("fp32"), 2)
+    buf, _ = codec.encode(torch.tensor([3]), torch.tensor([[1.5, -2.0]]), torch.tensor([0.25]))
+    _, view, _ = codec.decode(buf, copy=False)
+    _, owned, _ = codec.decode(buf)
+    assert view.tolist() == owned.tolist() == [[1.5, -2.0]]
+    assert view.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    assert owned.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
 
 
 # ---------------------------------------------------------------------- trainers as threads

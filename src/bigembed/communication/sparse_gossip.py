@@ -41,6 +41,7 @@ from bigembed.communication.sparse_rows import (
     RowCodec,
     changed_rows,
     exchange_rows,
+    joined,
     largest_rows,
     row_limit,
     row_tables,
@@ -106,12 +107,11 @@ class RowGossip:
             self.live, known_by, self.codecs, self.limits, strict=True
         ):
             send = changed_rows(live, known, state, known_state, band=self.band)
-            snap, snap_state = live[send], state[send]
-            delta = snap - known[send]
+            delta = live.index_select(0, send).sub_(known.index_select(0, send))
             if send.numel() > limit:  # the largest differences; the rest wait (row_fraction)
                 keep = largest_rows(delta, limit)
-                send, snap_state, delta = send[keep], snap_state[keep], delta[keep]
-            change = snap_state - known_state[send]
+                send, delta = send.index_select(0, keep), delta.index_select(0, keep)
+            change = state.index_select(0, send).sub_(known_state.index_select(0, send))
             message, decoded = codec.encode(send, delta, change)
             known.index_add_(0, send, decoded)
             known_state.index_add_(0, send, change)
@@ -119,7 +119,7 @@ class RowGossip:
             counts.append(send.numel())
         got, sent, received = exchange_rows(
             torch.tensor(counts, dtype=torch.int64),
-            torch.cat(messages),
+            joined(messages),
             [peer],
             self.codecs,
             self.group,
@@ -129,7 +129,7 @@ class RowGossip:
         self.pair_received += received
         parts = split_message(got[peer][1], got[peer][0], self.codecs)
         for k, codec in enumerate(self.codecs):
-            idx, values, changes = codec.decode(parts[k])
+            idx, values, changes = codec.decode(parts[k], copy=False)
             other, other_state = estimate[k]
             other.index_add_(0, idx, values)
             other_state.index_add_(0, idx, changes)
@@ -148,9 +148,11 @@ class RowGossip:
         test both sides compute alike (the dead band scaled by the larger row)."""
         (table, state), (mine, mine_state), (theirs, theirs_state) = live, known, other
         rows = changed_rows(theirs, mine, theirs_state, mine_state, band=self.band, symmetric=True)
-        table.index_add_(0, rows, (theirs[rows] - mine[rows]) * self.step)
-        state.index_add_(0, rows, (theirs_state[rows] - mine_state[rows]) * self.step)
-        state[rows] = state[rows].clamp_min(0)
+        move = theirs.index_select(0, rows).sub_(mine.index_select(0, rows)).mul_(self.step)
+        table.index_add_(0, rows, move)
+        move_state = theirs_state.index_select(0, rows).sub_(mine_state.index_select(0, rows))
+        state.index_add_(0, rows, move_state.mul_(self.step))
+        state.index_copy_(0, rows, state.index_select(0, rows).clamp_min_(0))
 
     def agree(self) -> None:
         """The exact mean of every trainer's rows (no worker trains)."""

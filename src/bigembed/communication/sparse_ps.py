@@ -36,6 +36,7 @@ from bigembed.communication.sparse_rows import (
     DEAD_BAND,
     RowCodec,
     RowTable,
+    joined,
     message_bytes,
     split_message,
 )
@@ -154,7 +155,7 @@ class RowShard:
                 messages = [message for _, message in reply]
                 counts_out = torch.tensor([r[0].numel() for r, _ in reply], dtype=torch.int64)
                 dist.send(counts_out, dst=client, group=self.group, tag=TAG_REPLY_HEAD)
-                payload = torch.cat(messages)
+                payload = joined(messages)
                 if payload.numel():
                     dist.send(payload, dst=client, group=self.group, tag=TAG_REPLY)
         except Exception as exc:  # reported to the watchdog, which stops the run

@@ -36,9 +36,11 @@ from bigembed.communication.sparse_rows import (
     RowFeedback,
     changed_rows,
     exchange_rows,
+    joined,
     row_limit,
     row_tables,
     split_message,
+    union_rows,
 )
 
 TAG_ROW_COUNTS, TAG_ROW_DATA = 71, 72
@@ -102,7 +104,7 @@ class RowReduce:
         if snapped is not None:
             snapped()
         counts = torch.tensor([m[0].numel() for m in mine], dtype=torch.int64)
-        payload = torch.cat([m[3] for m in mine])
+        payload = joined([m[3] for m in mine])
         got, sent, received = exchange_rows(
             counts, payload, self.peers, self.codecs, self.group, (TAG_ROW_COUNTS, TAG_ROW_DATA)
         )
@@ -111,7 +113,7 @@ class RowReduce:
         got[self.rank] = (counts.tolist(), payload)
         parts = {r: split_message(got[r][1], got[r][0], self.codecs) for r in self.ranks}
         for k, codec in enumerate(self.codecs):
-            decoded = [codec.decode(parts[r][k]) for r in self.ranks]
+            decoded = [codec.decode(parts[r][k], copy=False) for r in self.ranks]
             self._apply(k, decoded, mine[k], assign)
 
     def _apply(
@@ -123,7 +125,7 @@ class RowReduce:
     ) -> None:
         live, state = self.live[k]
         last, last_state = self.last[k]
-        rows = torch.unique(torch.cat([d[0] for d in decoded]))  # sorted
+        rows = union_rows(live.shape[0], [d[0] for d in decoded])  # sorted
         if rows.numel() == 0:
             return
         every_row = rows.numel() == live.shape[0]  # rows is then arange: no gathers needed

@@ -137,12 +137,16 @@ class RowCodec:
             out[8 * k : 12 * k].view(torch.float32).copy_(scales)
             out[12 * k :].view(torch.int8).view(k, self.dim).copy_(levels)  # exact: integers
             return out, levels.mul_(scales[:, None])
+        if self.lossless:  # the values themselves: one copy, no intermediate
+            out[8 * k :].view(torch.float32).view(k, self.dim).copy_(values)
+            return out, values
         encoded = self.codec.encode(values)
         out[8 * k :].copy_(encoded.data.reshape(-1).view(torch.uint8))
         return out, self.codec.decode(encoded).reshape(k, self.dim)
 
-    def decode(self, buf: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(indices (int64), values (k x dim), state (k))`` of a message."""
+    def decode(self, buf: Tensor, copy: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """``(indices (int64), values (k x dim), state (k))`` of a message. ``copy`` False: the
+        values may be a view of ``buf`` (fp32), for a caller that only reads them."""
         if buf.storage_offset() % 4:  # a later table of a message: realign for the views
             buf = buf.clone()
         k = buf.numel() // self.row_bytes
@@ -152,9 +156,12 @@ class RowCodec:
             scales = buf[8 * k : 12 * k].view(torch.float32)
             codes = buf[12 * k :].view(torch.int8).view(k, self.dim)
             return idx, codes.to(torch.float32) * scales[:, None], state
+        if self.lossless:
+            values = buf[8 * k :].view(torch.float32).view(k, self.dim)
+            return idx, values.clone() if copy else values, state
         encoded = self.codec.empty(k * self.dim, (k, self.dim))
         encoded.data.view(torch.uint8).copy_(buf[8 * k :])
-        return idx, self.codec.decode(encoded).reshape(k, self.dim).clone(), state
+        return idx, self.codec.decode(encoded).reshape(k, self.dim), state
 
 
 class RowFeedback:
@@ -222,13 +229,15 @@ def changed_rows(
         mask |= pending
     for start in range(0, live.shape[0], _CHUNK_ROWS):
         a, b = live[start : start + _CHUNK_ROWS], ref[start : start + _CHUNK_ROWS]
+        # the largest |a - b| of each row; a NaN propagates, so such a row counts as changed
+        far = torch.sub(a, b).abs_().amax(dim=1)
         if band > 0:
             scale = a.abs().amax(dim=1)
             if symmetric:
                 scale = torch.maximum(scale, b.abs().amax(dim=1))
-            diff = (a - b).abs().amax(dim=1) > band * scale
-        else:
-            diff = (a != b).any(dim=1)
+            diff = far > scale.mul_(band)
+        else:  # a != b for some value (equal infinities count too: resent, harmless)
+            diff = far != 0
         mask[start : start + _CHUNK_ROWS] |= diff
     return mask.nonzero().view(-1)
 
@@ -241,6 +250,20 @@ def split_message(buf: Tensor, counts: Sequence[int], codecs: Sequence[RowCodec]
         parts.append(buf[offset : offset + size])
         offset += size
     return parts
+
+
+def joined(messages: Sequence[Tensor]) -> Tensor:
+    """The tables' messages as one buffer (a lone message as it is: no copy)."""
+    return messages[0] if len(messages) == 1 else torch.cat(list(messages))
+
+
+def union_rows(rows: int, indices: Sequence[Tensor]) -> Tensor:
+    """The sorted distinct indices of ``indices`` (each into a table of ``rows`` rows): a
+    mask, not a sort."""
+    mask = torch.zeros(rows, dtype=torch.bool)
+    for idx in indices:
+        mask.index_fill_(0, idx, True)
+    return mask.nonzero().view(-1)
 
 
 def message_bytes(counts: Sequence[int], codecs: Sequence[RowCodec]) -> int:

@@ -35,6 +35,7 @@ from bigembed.communication.sparse_rows import (
     RowCodec,
     RowFeedback,
     changed_rows,
+    joined,
     message_bytes,
     row_limit,
     row_tables,
@@ -125,7 +126,7 @@ class RowSharer:
             messages = [fb.encode(*p)[0] for fb, p in zip(self.feedback, pushed, strict=True)]
             counts = [p[0].numel() for p in pushed]
             head = torch.tensor([OP_PUSH, *counts], dtype=torch.int64)
-            payload = torch.cat(messages)
+            payload = joined(messages)
             dist.send(head, dst=server, group=self.group, tag=TAG_PUSH_HEAD)
             if payload.numel():
                 dist.send(payload, dst=server, group=self.group, tag=TAG_PUSH)

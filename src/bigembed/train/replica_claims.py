@@ -11,20 +11,27 @@ replica's share (the one with the most left) instead of waiting.
 
 Claims go through one counter per share in the run's store (``store.add``, atomic): the
 counter is the number of the share's batches taken, by anybody, so each batch is taken exactly
-once whoever takes it. The owner takes ``chunk`` batches per call (one store round trip per
-``chunk`` batches; at the end it may hold up to ``chunk - 1`` batches the others cannot take),
-a thief one at a time. Every replica knows every share (the same plan and sampler everywhere),
+once whoever takes it. The owner claims guided chunks (guided self-scheduling): a
+``1 / (GUIDE * replicas)`` part of what its share has left, at least ``chunk`` batches, so a
+share of ``n`` batches costs its owner ~``GUIDE * replicas * ln(n / chunk)`` store round trips
+instead of ``n / chunk`` (each a few milliseconds when the store's host is busy training, with
+the worker idle meanwhile), and what the owner holds unstarted, out of the others' reach,
+shrinks with what is left: at most ``chunk - 1`` batches at the end. A thief takes one batch at
+a time. Every replica knows every share (the same plan and sampler everywhere),
 so a stolen batch is read from the replica's own copy of the bucket's edges: only the counter
 crosses the network.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-#: Batches the owner of a share takes per store round trip.
-OWNER_CHUNK = 4
+#: The fewest batches the owner of a share claims per store round trip.
+OWNER_CHUNK = 2
+#: The owner claims at most ``1 / (GUIDE * replicas)`` of its share's unclaimed batches at once.
+GUIDE = 2
 
 
 class CounterStore(Protocol):
@@ -68,13 +75,15 @@ class ReplicaClaims:
             done.release()
         self.release_first = []
         me, size = self.replica, self.sizes[self.replica]
-        while True:  # the own share, a chunk per round trip
-            end = self.store.add(self.keys[me], self.chunk)
-            start = end - self.chunk
+        take = self.owner_chunk(size)
+        while True:  # the own share, a guided chunk per round trip
+            end = self.store.add(self.keys[me], take)
+            start = end - take
             if start >= size:
                 break
             for position in range(start, min(end, size)):
                 yield self.offsets[me] + position
+            take = self.owner_chunk(size - end)
         while True:  # then the share with the most left, one batch at a time
             left = {
                 j: self.sizes[j] - self.store.add(self.keys[j], 0)
@@ -89,6 +98,10 @@ class ReplicaClaims:
                 if position >= self.sizes[victim]:
                     break
                 yield self.offsets[victim] + position
+
+    def owner_chunk(self, left: int) -> int:
+        """How many of its own share's ``left`` unclaimed batches the owner claims next."""
+        return max(self.chunk, math.ceil(left / (GUIDE * len(self.sizes))))
 
     def release(self) -> None:
         """Delete this replica's counter (call once every replica is done with the bucket)."""
