@@ -171,7 +171,8 @@ def test_digest_tells_equal_bits_from_different_ones() -> None:
 # ---------------------------------------------------------------------- integration tier
 
 _REPLICAS = re.compile(
-    r"replicas \((\w+), (\w+)\): (\d+) rounds, (\d+) bytes sent, (\d+) received, (\d+) repairs"
+    r"replicas \((\w+), (\w+)\): (\d+) rounds, (\d+) bytes sent, (\d+) received, (\d+) repairs; "
+    r"changes (\w+)"
 )
 
 
@@ -234,8 +235,10 @@ def test_one_partition_trains_on_both_replicas(
     )
     lines = _REPLICAS.findall(out)
     assert len(lines) == 2, out  # one summary per replica
-    for _, _, rounds, sent, _, repairs in lines:
+    for _, _, rounds, sent, _, repairs, merge in lines:
         assert int(rounds) > 0 and int(sent) > 0, out  # the replicas exchanged
+        # replicas of one bucket average their changes; only a parameter server adds pushes
+        assert merge == ("summed" if strategy == "async_ps" else "averaged"), out
         if strategy != "async_ps":  # the agreement itself leaves them bit-equal
             assert int(repairs) == 0, out
     share = _buckets_by_trainer(cfg)
@@ -262,12 +265,12 @@ def test_partitions_swap_through_each_replica_and_resume_takes_rank0s_values(
 
     cfg_path, cfg = _config(tmp_path, 4, "model", bucket_order="buffer", num_epochs=2)
     out = _launch(cfg_path, "communication.strategy=allreduce")
-    assert [int(x[-1]) for x in _REPLICAS.findall(out)] == [0, 0], out
+    assert [int(x[5]) for x in _REPLICAS.findall(out)] == [0, 0], out
     assert set(_buckets_by_trainer(cfg)) == {0, 1}
     assert CheckpointStore(cfg.checkpoint_path).committed_version() == 2
     out = _launch(cfg_path, "communication.strategy=allreduce", "num_epochs=3")
     assert "resuming from checkpoint version 2" in out, out
-    assert [int(x[-1]) for x in _REPLICAS.findall(out)] == [0, 0], out
+    assert [int(x[5]) for x in _REPLICAS.findall(out)] == [0, 0], out
     store = CheckpointStore(cfg.checkpoint_path)
     assert store.committed_version() == 3
     scratch = re.findall(r"keeps its swapped partitions in (\S+)", out)

@@ -5,6 +5,7 @@ Protocol tests run 2 or 3 processes that each drive one strategy the way a train
 barrier, agree, stop), then check the invariant of the strategy:
 
 * ``async_ps`` and ``allreduce`` sum: every trainer ends with initial + every increment;
+  ``allreduce`` between data-parallel replicas (``StrategyEnv.replicas``) averages instead;
 * ``async_model_average``, ``decentralized`` and ``async_decentralized`` average: every
   trainer ends with initial + (every increment) / W (averaging conserves the sum of the
   trainers' values, and the agreement at the checkpoint is their mean);
@@ -45,6 +46,9 @@ NAMES = ["param/a", "adagrad/a", "emb/item", "emb_state/item"]
 NUMELS = [300, 300, 40_000, 5_000]
 BUCKETS, BATCHES, SYNC_EVERY = 3, 12, 4
 SUMMING = {"async_ps", "allreduce"}
+#: a strategy made for data-parallel replicas of one bucket: ``allreduce`` averages
+REPLICAS = "+replicas"
+DRIVEN = [*STRATEGY_NAMES, f"allreduce{REPLICAS}"]
 
 
 def test_every_configured_strategy_is_implemented() -> None:
@@ -103,6 +107,7 @@ def _drive(
     tensors = _initial() if rank == 0 else [torch.zeros(n) for n in NUMELS]
     for t in tensors:
         dist.broadcast(t, src=0)  # as the trainer does before the strategy starts
+    strategy, replicas = strategy.removesuffix(REPLICAS), strategy.endswith(REPLICAS)
     env = StrategyEnv(
         rank=rank,
         trainers=list(range(world)),
@@ -113,6 +118,7 @@ def _drive(
         sync_interval=0.01,
         on_error=lambda message: (errors.append(message), print(message, file=sys.stderr)),
         store_client=lambda: dist.FileStore(store + ".pairs", -1),
+        replicas=replicas,
     )
     s = make_strategy(strategy, env, SharedTensors(NAMES, tensors, frozenset({1, 3})))
     s.start()
@@ -168,7 +174,7 @@ def _rank(rank: int, world: int, store: str, out: str, precisions: list[str]) ->
     side = dist.new_group(backend="gloo")  # the test's own barrier, apart from the strategy's
     serialize_writes()  # exact sums: the trainer's writes and the rounds' applies never overlap
     for precision in precisions:
-        for strategy in STRATEGY_NAMES:
+        for strategy in DRIVEN:
             faulthandler.dump_traceback_later(60, exit=True)  # a hang fails with the stacks
             # a pair-store file per precision, as when each precision had its own processes
             result = _drive(rank, world, side, strategy, precision, f"{store}-{precision}")
@@ -223,9 +229,7 @@ def _expected(world: int, strategy: str) -> list[torch.Tensor]:
 
 PRECISION_WORLDS = [("fp32", 2), ("int8", 3), ("bf16", 2), ("fp16", 3)]
 CASES = [
-    (strategy, precision, world)
-    for strategy in STRATEGY_NAMES
-    for precision, world in PRECISION_WORLDS
+    (strategy, precision, world) for strategy in DRIVEN for precision, world in PRECISION_WORLDS
 ]
 
 
@@ -273,10 +277,10 @@ def test_strategy_invariant_over_gloo(
 
     # A strategy whose agreement merges everything is not flushed first (see _drive): the
     # batches since its last round are still unmixed, so it gets a looser bound.
-    flushed = not strategy_class(strategy).agreement_merges_everything
+    cls = strategy_class(strategy.removesuffix(REPLICAS))
+    flushed = not cls.agreement_merges_everything
     bound = 0.5 if flushed else 0.75
     assert spread([r["before"] for r in results]) <= bound * spread(alone), strategy
-    cls = strategy_class(strategy)
     if cls.synchronous:
         for rank, res in enumerate(results):
             assert max(res["lag"]) <= SYNC_EVERY, (rank, res["lag"])

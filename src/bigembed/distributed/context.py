@@ -227,11 +227,12 @@ class DistContext:
         return [h.rpartition(":")[0] for h in hosts]
 
     def strategy_env(
-        self, *, gate: BatchGate | None = None, sparse_rows: bool = False
+        self, *, gate: BatchGate | None = None, sparse_rows: bool = False, replicas: bool = False
     ) -> StrategyEnv:
         """Where this trainer's communication strategy runs, from the config's
         ``communication`` section (``gate``: the run's, shared by a strategy per bucket;
-        ``sparse_rows``: send row tables as row-sparse deltas)."""
+        ``sparse_rows``: send row tables as row-sparse deltas; ``replicas``: data-parallel
+        replicas of the same bucket)."""
         cfg, comm = self.cfg, self.cfg.communication
         return StrategyEnv(
             rank=self.rank,
@@ -244,6 +245,7 @@ class DistContext:
             on_error=self.fail,
             gate=gate,
             sparse_rows=sparse_rows,
+            replicas=replicas,
             row_fraction=comm.row_fraction,
             overlap=comm.overlap,
             hierarchical=comm.hierarchical,

@@ -226,13 +226,14 @@ class DataParallelTrainer:
         """After the last checkpoint: wait for everybody, remove the scratch copy."""
         if self.sync is not None:
             logger.info(
-                "replicas (%s, %s): %d rounds, %d bytes sent, %d received, %d repairs",
+                "replicas (%s, %s): %d rounds, %d bytes sent, %d received, %d repairs; changes %s",
                 self.cfg.communication.strategy,
                 self.cfg.communication.precision,
                 self.sync.rounds,
                 self.sync.bytes_sent,
                 self.sync.bytes_received,
                 self.sync.repairs,
+                self.sync.merge,
             )
         self.ctx.barrier("end")
         self._remove_scratch()

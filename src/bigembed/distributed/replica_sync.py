@@ -9,7 +9,9 @@ keeps the replicas in step with the configured communication strategy
 * at the start of a bucket (an observer call; every trainer trains the same bucket at the same
   time) it starts a strategy over the model's parameters and Adagrad state and every table of
   the bucket, with the tables marked as row tables (``SharedTensors.row_tables``) so that
-  ``communication.sparse_rows`` sends only the rows changed since the last round;
+  ``communication.sparse_rows`` sends only the rows changed since the last round, and as
+  replicas of one bucket (``StrategyEnv.replicas``: ``allreduce`` then averages the replicas'
+  changes, as Bagua's gradient allreduce does, instead of summing them);
 * at the end of the bucket it flushes, waits for every trainer (a barrier), agrees (afterwards
   every trainer holds the same values; a strategy whose agreement merges every change by
   itself, ``Strategy.agreement_merges_everything``, skips the flush and the barrier: one
@@ -63,6 +65,7 @@ class ReplicaSync(Observer):
         self.bytes_sent = 0
         self.bytes_received = 0
         self.repairs = 0  # buckets whose replicas differed after the agreement
+        self.merge = ""  # how the last bucket's strategy merged the replicas' changes
 
     # ------------------------------------------------------------------ tensors
     def _model_tensors(self) -> tuple[list[str], list[Tensor]]:
@@ -108,7 +111,9 @@ class ReplicaSync(Observer):
     # ------------------------------------------------------------------ the loop's calls
     def bucket_started(self, work: BucketWork) -> None:
         cfg, ctx = self.cfg, self.ctx
-        env = ctx.strategy_env(gate=self.gate, sparse_rows=cfg.communication.sparse_rows)
+        env = ctx.strategy_env(
+            gate=self.gate, sparse_rows=cfg.communication.sparse_rows, replicas=True
+        )
         strategy = make_strategy(self.strategy_name, env, self.shared_tensors(work.tables))
         strategy.start()
         strategy.bucket_started()
@@ -129,6 +134,7 @@ class ReplicaSync(Observer):
             raise PeerError(str(exc)) from None
         finally:
             strategy.stop()
+        self.merge = "averaged" if strategy.averages else "summed"
         self.rounds += strategy.rounds
         self.bytes_sent += strategy.bytes_sent
         self.bytes_received += strategy.bytes_received

@@ -25,6 +25,7 @@ from bigembed.communication.strategies.base import SharedTensors, Strategy, Stra
 class AsyncParameterServer(Strategy):
     centralized = True
     synchronous = False
+    averages = False  # the servers add every push
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         super().__init__(env, shared)

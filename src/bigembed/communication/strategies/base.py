@@ -88,6 +88,10 @@ class StrategyEnv:
     #: a synchronous strategy opens the gate once a round's snapshot is taken, so its
     #: communication overlaps the next ``sync_every`` batches (``communication.overlap``)
     overlap: bool = False
+    #: the trainers are data-parallel replicas training shares of the same bucket (not
+    #: disjoint buckets): a summing collective (``allreduce``) averages their changes instead,
+    #: as Bagua's gradient allreduce does (see :mod:`.allreduce`)
+    replicas: bool = False
     #: reduce within a host first, then across hosts (``communication.hierarchical``)
     hierarchical: bool = True
     #: each trainer's host id, in the order of ``trainers`` (None: unknown, all reductions flat)
@@ -108,6 +112,10 @@ class Strategy(ABC):
     #: everybody while no worker trains), so that a caller about to agree may skip ``flush``
     #: and the barrier after it: one round per checkpoint instead of two.
     agreement_merges_everything: ClassVar[bool] = False
+    #: the trainers' changes are merged by their mean (gossip, model averaging; ``allreduce``
+    #: between replicas), not their sum (a parameter server; ``allreduce`` between trainers of
+    #: disjoint buckets)
+    averages: bool = True
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         self.env = env
