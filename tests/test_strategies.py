@@ -126,6 +126,7 @@ def _drive(
     batch = 0
     for bucket in range(BUCKETS):
         s.bucket_started()
+        rounds_before = s.rounds
         for b in range(BATCHES):
             if s.gate is not None:
                 s.gate.wait_turn()
@@ -141,6 +142,8 @@ def _drive(
             if s.gate is not None:
                 s.gate.passed(0)
             batch += 1
+        if not s.synchronous:
+            _await_round(s, rounds_before)
         s.bucket_finished()
     if not s.agreement_merges_everything:  # as the data-parallel trainer does at a bucket's end
         s.flush(30)
@@ -159,6 +162,17 @@ def _drive(
     }
     s.stop()
     return result
+
+
+def _await_round(s: Any, since: int, timeout: float = 5.0) -> None:
+    """Until ``s`` completed a round after its ``since``-th (at most ``timeout`` s). An
+    asynchronous strategy's rounds run beside the batches, as often as the machine lets them
+    (at most a tenth of a core each): on a loaded machine a bucket of these short batches could
+    pass without one, and the mixing check would measure the load, not the strategy. A strategy
+    that never exchanges still fails that check."""
+    deadline = time.monotonic() + timeout
+    while s.rounds <= since and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _rank(rank: int, world: int, store: str, out: str, precisions: list[str]) -> None:

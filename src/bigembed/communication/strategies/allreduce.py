@@ -1,5 +1,5 @@
 """``allreduce``: centralized, synchronous. Every ``sync_every`` batches, everybody's changes are
-summed and every trainer continues from the sum.
+summed (averaged between data-parallel replicas) and every trainer continues from the result.
 
 The workers of a trainer wait at the gate after ``sync_every`` batches until the round has
 merged them with every other trainer's (the slowest trainer sets the pace, as in any
