@@ -42,12 +42,12 @@ class Allreduce(Strategy):
     centralized = True
     synchronous = True
     agreement_merges_everything = True  # the agreement round sends every change since `last`
-    mean = False
+    averages = False  # between trainers of disjoint buckets (see the module docstring)
 
     def __init__(self, env: StrategyEnv, shared: SharedTensors) -> None:
         super().__init__(env, shared)
         self.gate = gate = env.gate or BatchGate(env.workers)
-        self.averages = self.mean or env.replicas
+        self.averages = type(self).averages or env.replicas
         self.data = DeltaReduce(env, shared, mean=self.averages)
         self.rounds_thread = LockstepRounds(
             env.rank,

@@ -24,4 +24,4 @@ from bigembed.communication.strategies.allreduce import Allreduce
 class AsyncModelAverage(Allreduce):
     centralized = True
     synchronous = False
-    mean = True
+    averages = True
